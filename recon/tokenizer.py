@@ -1,0 +1,290 @@
+"""One tokenizer interface over two native cores: HF ``tokenizers`` and ``tiktoken``.
+
+Everything else in recon talks to a :class:`Tokenizer`: single and batch encode/decode, the
+vocabulary size, id <-> piece and id <-> bytes, and the added tokens with the ids a config
+declared for them. The two backends reproduce their original loaders' behaviour:
+
+* ``encode(text)`` adds no BOS/EOS and, by default, turns the literal text of an added token
+  into its id (``allow_special=True``), as chat templates and servers do;
+* ``decode(ids)`` keeps special tokens and replaces bytes that are not valid UTF-8 with U+FFFD,
+  so a sample cut inside a character decodes to a replacement character, as servers return it.
+
+Ids are assumed to be in the vocabulary; validating them is the input reader's job.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+from .bytelevel import bytes_to_piece, piece_to_bytes
+from .families import TiktokenFamily
+
+
+@dataclass(frozen=True)
+class AddedToken:
+    """A token outside the BPE merges: a special/control token or a user-added one."""
+
+    id: int
+    content: str
+    special: bool
+    #: False for ids recon filled in itself (e.g. Kimi's ``<|reserved_token_N|>``).
+    declared: bool = True
+
+
+@dataclass
+class Tokenizer(ABC):
+    """A loaded tokenizer. Build one with :func:`recon.load_tokenizer`."""
+
+    name: str
+    source: Path
+    kind: str
+    #: Added tokens as loaded, sorted by id.
+    added_tokens: tuple[AddedToken, ...]
+    #: What the tokenizer's config declares: id -> token. Empty when the file is its own config.
+    declared: dict[int, AddedToken] = field(default_factory=dict)
+    #: Named roles from the config (``bos``, ``eos``, ``pad``, ``unk``) -> token text.
+    roles: dict[str, str] = field(default_factory=dict)
+
+    # -- encode / decode ---------------------------------------------------------------
+    @abstractmethod
+    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
+        """Ids for ``text``; with ``allow_special`` the text of added tokens becomes their ids."""
+
+    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
+        return [self.encode(t, allow_special=allow_special) for t in texts]
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text for ``ids``: special tokens kept, invalid UTF-8 replaced by U+FFFD."""
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    # -- vocabulary ------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids the model can emit: the largest id + 1."""
+
+    @abstractmethod
+    def id_to_bytes(self, token_id: int) -> bytes:
+        """The exact bytes a token stands for (an added token: its UTF-8 text)."""
+
+    @abstractmethod
+    def id_to_piece(self, token_id: int) -> str | None:
+        """The vocabulary's string for a token (byte-level form, e.g. ``Ġjets``), or None."""
+
+    @abstractmethod
+    def piece_to_id(self, piece: str) -> int | None:
+        """The id whose vocabulary string is ``piece`` (added tokens by their text), or None."""
+
+    @cached_property
+    def added_by_content(self) -> dict[str, AddedToken]:
+        return {t.content: t for t in self.added_tokens}
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.name!r} kind={self.kind} vocab_size={self.vocab_size} "
+            f"added_tokens={len(self.added_tokens)}>"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+class HFTokenizer(Tokenizer):
+    """A ``tokenizers.Tokenizer`` (from ``tokenizer.json`` or built from a GGUF vocabulary)."""
+
+    def __init__(self, core, **kw):
+        super().__init__(**kw)
+        self._core = core
+        self._plain_core = None  # a copy that encodes special-token text as plain text
+        decoder = core.decoder.__class__.__name__ if core.decoder is not None else ""
+        self._byte_level = decoder == "ByteLevel"
+        self._sentencepiece = decoder in ("Sequence", "Metaspace", "ByteFallback")
+
+    @property
+    def core(self):
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._core
+
+    def _encoder(self, allow_special: bool):
+        if allow_special:
+            return self._core
+        if self._plain_core is None:
+            from tokenizers import Tokenizer as Core
+
+            plain = Core.from_str(self._core.to_str())
+            plain.encode_special_tokens = True
+            self._plain_core = plain
+        return self._plain_core
+
+    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
+        return self._encoder(allow_special).encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
+        core = self._encoder(allow_special)
+        batch = getattr(core, "encode_batch_fast", core.encode_batch)
+        return [e.ids for e in batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._core.decode(list(ids), skip_special_tokens=False)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return self._core.decode_batch([list(ids) for ids in batch], skip_special_tokens=False)
+
+    @cached_property
+    def _vocab(self) -> dict[str, int]:
+        return self._core.get_vocab(with_added_tokens=True)
+
+    @property
+    def vocab_size(self) -> int:
+        return max(self._vocab.values()) + 1
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        return self._core.id_to_token(token_id)
+
+    def piece_to_id(self, piece: str) -> int | None:
+        return self._vocab.get(piece)
+
+    def id_to_bytes(self, token_id: int) -> bytes:
+        piece = self._core.id_to_token(token_id)
+        if piece is None:
+            raise KeyError(f"id {token_id} is not in the vocabulary of {self.name}")
+        added = self.added_by_content.get(piece)
+        if added is not None and added.id == token_id:
+            return piece.encode("utf-8")
+        if self._byte_level:
+            data = piece_to_bytes(piece)
+            if data is not None:
+                return data
+        if self._sentencepiece:
+            m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+            if m:
+                return bytes([int(m.group(1), 16)])
+            return piece.replace("\u2581", " ").encode("utf-8")
+        return self._core.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kimi's (and Llama 3's) loader: tiktoken panics on huge inputs, so text is cut into slices.
+MAX_ENCODE_CHARS = 400_000
+MAX_RUN_CHARS = 25_000
+_LONG_RUN = re.compile(r"\s{%d,}|\S{%d,}" % (MAX_RUN_CHARS + 1, MAX_RUN_CHARS + 1))
+
+
+def split_long_runs(text: str, max_run: int = MAX_RUN_CHARS) -> list[str]:
+    """Cut ``text`` so no piece holds more than ``max_run`` consecutive (non-)whitespace chars.
+
+    Port of ``_split_whitespaces_or_nonwhitespaces`` from Kimi's loader. Python's ``\s`` is
+    ``str.isspace``, so the regex test is exact and skips the character loop for normal text.
+    """
+    if len(text) <= max_run or not _LONG_RUN.search(text):
+        return [text]
+    pieces, start, run = [], 0, 0
+    in_space = text[0].isspace()
+    for i, ch in enumerate(text):
+        now_space = ch.isspace()
+        if in_space ^ now_space:
+            run, in_space = 1, now_space
+        else:
+            run += 1
+            if run > max_run:
+                pieces.append(text[start:i])
+                start, run = i, 1
+    pieces.append(text[start:])
+    return pieces
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A ``tiktoken.Encoding`` plus the family's normalization and input slicing."""
+
+    def __init__(self, core, family: TiktokenFamily, **kw):
+        super().__init__(**kw)
+        self._core = core
+        self.family = family
+        self._decoder: dict[int, bytes] | None = None
+
+    @property
+    def core(self):
+        """The underlying ``tiktoken.Encoding``."""
+        return self._core
+
+    def _slices(self, text: str) -> list[str]:
+        if self.family.nfc:
+            text = unicodedata.normalize("NFC", text)
+        if not self.family.cut_long_runs or len(text) <= MAX_RUN_CHARS:
+            return [text]
+        return [
+            piece
+            for i in range(0, len(text), MAX_ENCODE_CHARS)
+            for piece in split_long_runs(text[i : i + MAX_ENCODE_CHARS])
+        ]
+
+    def _encode_one(self, text: str, allow_special: bool) -> list[int]:
+        if allow_special:
+            return self._core.encode(text, allowed_special="all")
+        return self._core.encode(text, disallowed_special=())
+
+    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
+        slices = self._slices(text)
+        if len(slices) == 1:
+            return self._encode_one(slices[0], allow_special)
+        return [i for s in slices for i in self._encode_one(s, allow_special)]
+
+    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
+        slices = [self._slices(t) for t in texts]
+        flat = [s for group in slices for s in group]
+        if allow_special:
+            encoded = self._core.encode_batch(flat, allowed_special="all")
+        else:
+            encoded = self._core.encode_batch(flat, disallowed_special=())
+        if len(flat) == len(texts):
+            return encoded
+        out, k = [], 0
+        for group in slices:
+            ids: list[int] = []
+            for _ in group:
+                ids.extend(encoded[k])
+                k += 1
+            out.append(ids)
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._core.decode(list(ids), errors="replace")
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return self._core.decode_batch([list(ids) for ids in batch], errors="replace")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._core.n_vocab
+
+    def id_to_bytes(self, token_id: int) -> bytes:
+        return self._core.decode_single_token_bytes(token_id)
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        try:
+            data = self._core.decode_single_token_bytes(token_id)
+        except KeyError:
+            return None
+        added = self.added_by_content.get(data.decode("utf-8", "replace"))
+        if added is not None and added.id == token_id:
+            return added.content
+        return bytes_to_piece(data)
+
+    def piece_to_id(self, piece: str) -> int | None:
+        added = self.added_by_content.get(piece)
+        if added is not None:
+            return added.id
+        data = piece_to_bytes(piece)
+        if data is None:
+            return None
+        try:
+            return self._core.encode_single_token(data)
+        except KeyError:
+            return None
