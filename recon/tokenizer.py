@@ -18,7 +18,7 @@ import re
 import unicodedata
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -174,16 +174,20 @@ class HFTokenizer(Tokenizer):
 # Kimi's (and Llama 3's) loader: tiktoken panics on huge inputs, so text is cut into slices.
 MAX_ENCODE_CHARS = 400_000
 MAX_RUN_CHARS = 25_000
-_LONG_RUN = re.compile(r"\s{%d,}|\S{%d,}" % (MAX_RUN_CHARS + 1, MAX_RUN_CHARS + 1))
+
+
+@lru_cache(maxsize=4)
+def _long_run(max_run: int) -> re.Pattern:
+    return re.compile(r"\s{%d,}|\S{%d,}" % (max_run + 1, max_run + 1))
 
 
 def split_long_runs(text: str, max_run: int = MAX_RUN_CHARS) -> list[str]:
-    """Cut ``text`` so no piece holds more than ``max_run`` consecutive (non-)whitespace chars.
+    r"""Cut ``text`` so no piece holds more than ``max_run`` consecutive (non-)whitespace chars.
 
     Port of ``_split_whitespaces_or_nonwhitespaces`` from Kimi's loader. Python's ``\s`` is
     ``str.isspace``, so the regex test is exact and skips the character loop for normal text.
     """
-    if len(text) <= max_run or not _LONG_RUN.search(text):
+    if len(text) <= max_run or not _long_run(max_run).search(text):
         return [text]
     pieces, start, run = [], 0, 0
     in_space = text[0].isspace()

