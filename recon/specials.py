@@ -139,7 +139,9 @@ def check_expected(tok: Tokenizer, expected: Mapping[str, int]) -> pd.DataFrame:
             dict(content=content, expected_id=int(want), actual_id=actual, text_at_expected_id=at_expected,
                  ok=actual == int(want))
         )
-    return pd.DataFrame(rows, columns=["content", "expected_id", "actual_id", "text_at_expected_id", "ok"])
+    table = pd.DataFrame(rows, columns=["content", "expected_id", "actual_id", "text_at_expected_id", "ok"])
+    table["actual_id"] = table["actual_id"].astype("Int64")
+    return table
 
 
 def assert_expected(tok: Tokenizer, expected: Mapping[str, int]) -> pd.DataFrame:
@@ -149,7 +151,7 @@ def assert_expected(tok: Tokenizer, expected: Mapping[str, int]) -> pd.DataFrame
     if len(bad):
         problems = []
         for r in bad.itertuples():
-            where = f"the tokenizer has it at {r.actual_id}" if r.actual_id is not None else "the tokenizer has no such added token"
+            where = "the tokenizer has no such added token" if pd.isna(r.actual_id) else f"the tokenizer has it at {r.actual_id}"
             found = f"; id {r.expected_id} is {r.text_at_expected_id!r}" if r.text_at_expected_id is not None else ""
             problems.append(f"{r.content!r}: expected id {r.expected_id}, but {where}{found}")
         raise SpecialTokenMismatch(f"{tok.name}: " + "; ".join(problems))
@@ -234,7 +236,11 @@ def verdict(tok: Tokenizer, table: pd.DataFrame, expected: pd.DataFrame | None =
         bad = expected[~expected["ok"]]
         if len(bad):
             level = "FAIL"
-            lines += [f"{r.content!r}: expected id {r.expected_id}, tokenizer has {r.actual_id}" for r in bad.itertuples()]
+            lines += [
+                f"{r.content!r}: expected id {r.expected_id}, tokenizer has "
+                + ("no such token" if pd.isna(r.actual_id) else f"id {r.actual_id}")
+                for r in bad.itertuples()
+            ]
         else:
             lines.append(f"expected ids: {len(expected)}/{len(expected)} match")
     loaded = table[table["config_check"] != "missing"]

@@ -1,0 +1,70 @@
+"""The `recon` command as a user runs it: a real subprocess, real tokenizers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+
+def recon(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "recon.cli", *args], capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, **(env or {})}, timeout=300,
+    )
+
+
+def test_tokens_find_json_deepseek_think():
+    run = recon("tokens", "deepseek-v4", "--find", "</think>", "--json")
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(run.stdout)
+    top = rows[0]
+    assert (top["id"], top["content"], top["roundtrip"], top["special"]) == (128822, "</think>", True, False)
+    assert {"id", "content", "special", "roundtrip"} <= set(top)
+
+
+def test_tokens_find_json_smollm2_im_end():
+    rows = json.loads(recon("tokens", "smollm2", "--find", "<|im_end|>", "--json").stdout)
+    assert rows[0]["id"] == 2 and rows[0]["roundtrip"] is True and rows[0]["match"] == "exact"
+
+
+def test_tokens_full_table_json_kimi(kimi_dir):
+    rows = json.loads(recon("tokens", str(kimi_dir), "--json").stdout)
+    by_content = {r["content"]: r for r in rows}
+    assert len(rows) == 256
+    assert by_content["<|im_end|>"]["id"] == 163586 and by_content["</think>"]["id"] == 163607
+    assert all(r["roundtrip"] for r in rows)
+
+
+def test_tokens_text_output_names_misses():
+    run = recon("tokens", "cl100k", "--find", "</think>")
+    assert run.returncode == 0
+    assert "no added token matches '</think>'; as ordinary text it encodes to 3 ids" in run.stdout
+    assert run.stdout.rstrip().splitlines()[-2] == "PASS" or "PASS" in run.stdout
+
+
+def test_expect_mismatch_exits_1_with_one_line(kimi_dir):
+    run = recon("tokens", str(kimi_dir), "--expect", "<|im_end|>=163533")
+    assert run.returncode == 1
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert "expected id 163533, but the tokenizer has it at 163586" in run.stderr
+
+
+def test_expected_errors_print_one_line(tmp_path):
+    bad_ranks = tmp_path / "tiktoken.model"
+    bad_ranks.write_text("not base64!! 0\n")
+    cases = [
+        (["tokens", "kimi-k9"], "not a short name"),
+        (["tokens", str(tmp_path / "missing.gguf")], "no such file or directory"),
+        (["tokens", str(tmp_path), "--family", "kimi"], "line 1: expected 'BASE64 RANK'"),
+        (["tokens", "smollm2", "--expect", "im_end"], "expected TEXT=ID"),
+        (["report", str(tmp_path / "nope.yaml")], "no such params file"),
+    ]
+    for args, needle in cases:
+        run = recon(*args)
+        assert run.returncode == 2, (args, run.stderr)
+        assert run.stderr.startswith("recon: error: ") and run.stderr.count("\n") == 1, run.stderr
+        assert needle in run.stderr and "Traceback" not in run.stderr

@@ -1,0 +1,114 @@
+"""Notebooks run headless with every params file; their recorded values are checked.
+(nbval checks the committed notebooks themselves: `pytest` collects notebooks/*.ipynb.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recon.report import load_params, notebook_parameters, read_records
+
+from .conftest import ROOT
+
+PARAMS = sorted((ROOT / "params").glob("*.yaml"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_params_and_notebooks():
+    assert {p.stem for p in PARAMS} >= {"smollm2", "deepseek-v4", "qwen3.6", "cl100k", "kimi-k2.5"}
+    assert "01_token_discovery" in {n.stem for n in NOTEBOOKS}
+
+
+@pytest.mark.parametrize("params_path", PARAMS, ids=lambda p: p.stem)
+def test_params_keys_exist_in_the_notebooks_parameters_cell(params_path):
+    """papermill only warns on unknown parameters; a typo would silently run the defaults."""
+    params = load_params(params_path, expand=False)
+    for name, values in params.notebooks.items():
+        notebook = ROOT / "notebooks" / f"{name}.ipynb"
+        assert notebook.is_file(), f"{params_path.name}: no notebook {name}"
+        unknown = set(values) - set(notebook_parameters(notebook))
+        assert not unknown, f"{params_path.name}: {sorted(unknown)} not parameters of {name}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_one_tagged_parameters_cell_with_literal_defaults(notebook):
+    import ast
+
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    for node in ast.parse(tagged[0].source).body:
+        assert isinstance(node, ast.Assign)
+        ast.literal_eval(node.value)  # raises if a default is not a literal
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+
+
+def run_report(tmp_path: Path, *params: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "recon.cli", "report", *params, "--out", str(tmp_path), "--no-html"],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})}, timeout=900,
+    )
+
+
+def test_report_runs_every_params_file(tmp_path, kimi_dir):
+    run = run_report(tmp_path, env={"KIMI_K25_DIR": str(kimi_dir)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    for params_path in PARAMS:
+        expected = yaml.safe_load(params_path.read_text())["notebooks"]["01_token_discovery"]["expected_ids"]
+        records = read_records(tmp_path / params_path.stem / "01_token_discovery.ipynb")
+        assert records["verdict"]["level"] == "PASS", (params_path.stem, records["verdict"])
+        assert {r["content"]: r["actual_id"] for r in records["expected"]} == expected
+        assert all(records["specials"][text] == i for text, i in expected.items())
+
+
+def test_report_skips_a_user_tokenizer_that_is_not_configured(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KIMI_K25_DIR"}
+    run = subprocess.run(
+        [sys.executable, "-m", "recon.cli", "report", "--out", str(tmp_path), "--no-html"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=900,
+    )
+    assert run.returncode == 0
+    assert "skipped params/kimi-k2.5.yaml: notebooks.01_token_discovery.tokenizer uses ${KIMI_K25_DIR}, which is not set" in run.stdout
+    assert not (tmp_path / "kimi-k2.5").exists()
+
+
+def test_a_wrong_expected_id_stops_the_report(tmp_path, kimi_dir):
+    params = tmp_path / "kimi-wrong.yaml"
+    params.write_text(
+        "notebooks:\n  01_token_discovery:\n"
+        f"    tokenizer: {kimi_dir}\n"
+        "    expected_ids: {'<|im_end|>': 163533}\n"
+    )
+    run = run_report(tmp_path, str(params))
+    assert run.returncode == 1
+    assert "FAILED" in run.stdout and "SpecialTokenMismatch" in run.stdout
+    assert "expected id 163533, but the tokenizer has it at 163586" in run.stdout
+    assert (tmp_path / "kimi-wrong" / "01_token_discovery.ipynb").is_file()  # the record of the failed run
+
+
+def test_empirical_end_token_check_in_the_notebook(tmp_path, tokenizers):
+    import json
+
+    tok = tokenizers["smollm2"]
+    samples = tmp_path / "samples.jsonl"
+    texts = ["Paris is the capital of France.", "Here is some code:\n```python\nprint(1)\n```", "Hi!"]
+    lines = [json.dumps({"id": str(k), "output_ids": ids + [2]}) for k, ids in enumerate(tok.encode_batch(texts))]
+    lines.insert(1, json.dumps({"id": "bad", "output_ids": [1, -4]}))
+    samples.write_text("\n".join(lines) + "\n")
+    params = tmp_path / "smol-empirical.yaml"
+    params.write_text(
+        "notebooks:\n  01_token_discovery:\n    tokenizer: smollm2\n"
+        f"    output_ids_path: {samples}\n    end_token: '<|im_end|>'\n"
+    )
+    run = run_report(tmp_path, str(params))
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = tmp_path / "smol-empirical" / "01_token_discovery.ipynb"
+    assert read_records(out)["end_check"] == {"end_id": 2, "samples": 3, "share": 1.0, "ok": True}
+    assert f"{samples}, line 2, field output_ids: item 1 is -4, outside the vocabulary" in out.read_text()
