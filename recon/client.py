@@ -1,0 +1,48 @@
+"""A minimal OpenAI-compatible client: send prompts, keep what the server returns as records."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Iterator, Sequence
+
+from .errors import ReconError
+from .generate import Prompt
+from .importers import from_chat_completion
+from .records import Record, parse_record
+
+
+def chat(url: str, body: dict, *, timeout: float = 600.0, api_key: str | None = None) -> dict:
+    """POST one chat completion request to ``url`` (the server's base, e.g. http://127.0.0.1:8000/v1)."""
+    endpoint = url.rstrip("/") + "/chat/completions"
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(endpoint, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode("utf-8", "replace")[:300]
+        raise ReconError(f"{endpoint}: HTTP {e.code}: {detail}") from None
+    except (urllib.error.URLError, TimeoutError) as e:
+        raise ReconError(f"{endpoint}: cannot reach the server ({getattr(e, 'reason', e)})") from None
+
+
+def collect(url: str, prompts: Sequence[Prompt], *, dataset: str, model: str | None = None, n: int = 1,
+            temperature: float = 0.7, top_p: float = 1.0, max_tokens: int = 128, seed: int = 0,
+            token_ids: bool = True, logprobs: bool = True, api_key: str | None = None) -> Iterator[Record]:
+    """One request per prompt; records carry the response, and the ids when the server returns them."""
+    for k, prompt in enumerate(prompts):
+        body = {"model": model or "default", "messages": prompt.messages, "n": n, "temperature": temperature,
+                "top_p": top_p, "max_tokens": max_tokens, "seed": seed + k, "logprobs": logprobs}
+        if token_ids:
+            body["return_token_ids"] = True
+        reply = chat(url, body, api_key=api_key)
+        for rec in from_chat_completion(reply, prompt.id):
+            rec["messages"] = prompt.messages
+            parsed = parse_record(rec, path=url, line=k + 1, default_dataset=dataset)
+            if isinstance(parsed, list):
+                raise ReconError("; ".join(str(e) for e in parsed))
+            yield parsed
