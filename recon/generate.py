@@ -92,7 +92,9 @@ class LocalModel:
         self.eos_id = self.tokenizer.added_by_content[eos_text].id
         pad_text = self.tokenizer.roles.get("pad", eos_text)
         self.pad_id = self.tokenizer.added_by_content[pad_text].id
-        self.name = Path(path).stem
+        from .loading import SHORT_NAMES
+
+        self.name = spec if spec in SHORT_NAMES else Path(path).stem
 
     def render(self, messages: list[dict]) -> str:
         """The generation prompt as the model's own chat template renders it."""
@@ -179,7 +181,8 @@ def generate_records(model: LocalModel, prompts: Sequence[Prompt], cfg: Generate
                 response=model.response(sample, logprobs=cfg.logprobs), prompt_ids=encoded[prompt.id],
                 messages=prompt.messages,
                 meta={"model": model.name, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                      "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "batch_size": cfg.batch_size, "batch": b},
+                      "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "batch_size": cfg.batch_size, "batch": b,
+                      "torch": model.torch.__version__},
             )
         bar.update(len(batch))
     bar.close()

@@ -134,7 +134,7 @@ def iter_import(kind: str, path: str | Path, *, dataset: str | None = None, voca
     convert = IMPORTERS[kind]
     default = dataset or dataset_name(path)
     seen: dict[str, int] = {}
-    for line, obj in iter_json_lines(path):
+    for line, obj in iter_json_lines(path, allow_arrays=True):
         if isinstance(obj, RecordError):
             yield obj
             continue

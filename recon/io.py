@@ -28,8 +28,9 @@ class RecordError:
         return f"{self.path}, line {self.line}{field}: {self.problem}"
 
 
-def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict | RecordError]]:
-    """(line number, parsed object or RecordError) for each non-blank line, streaming."""
+def iter_json_lines(path: str | Path, *, allow_arrays: bool = False) -> Iterator[tuple[int, dict | list | RecordError]]:
+    """(line number, parsed object or RecordError) for each non-blank line, streaming.
+    With ``allow_arrays`` a line may also hold a JSON array (a batched server response)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
@@ -44,7 +45,7 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict | RecordError]
                     except json.JSONDecodeError as e:
                         yield lineno, RecordError(str(path), lineno, "", f"not valid JSON ({e.msg}, column {e.colno})")
                         continue
-                    if not isinstance(obj, dict):
+                    if not isinstance(obj, dict) and not (allow_arrays and isinstance(obj, list)):
                         yield lineno, RecordError(str(path), lineno, "", "expected a JSON object")
                         continue
                     yield lineno, obj
@@ -54,33 +55,3 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict | RecordError]
         raise ReconError(f"{path}: no such file") from None
     except OSError as e:
         raise ReconError(f"{path}: cannot read ({e.strerror or e})") from None
-
-
-def read_output_ids(path: str | Path, vocab_size: int | None = None) -> tuple[list[list[int]], list[RecordError]]:
-    """The ``output_ids`` of every record that has valid ones, and an error for every other record."""
-    ids_list: list[list[int]] = []
-    errors: list[RecordError] = []
-    for lineno, obj in iter_json_lines(path):
-        if isinstance(obj, RecordError):
-            errors.append(obj)
-            continue
-        ids = obj.get("output_ids")
-        problem = _check_ids(ids, vocab_size)
-        if problem:
-            errors.append(RecordError(str(path), lineno, "output_ids", problem))
-        else:
-            ids_list.append(ids)
-    return ids_list, errors
-
-
-def _check_ids(ids, vocab_size: int | None) -> str | None:
-    if ids is None:
-        return "missing"
-    if not isinstance(ids, list):
-        return f"expected a list of ints, got {type(ids).__name__}"
-    for k, i in enumerate(ids):
-        if isinstance(i, bool) or not isinstance(i, int):
-            return f"item {k} is {i!r}, not an int"
-        if i < 0 or (vocab_size is not None and i >= vocab_size):
-            return f"item {k} is {i}, outside the vocabulary (0..{vocab_size - 1 if vocab_size else '?'})"
-    return None

@@ -120,16 +120,28 @@ def run_params(
         target_dir = out_dir / params.path.stem
         target_dir.mkdir(parents=True, exist_ok=True)
         output = target_dir / f"{name}.ipynb"
+        parameters = {k: _absolute_if_path(v) for k, v in parameters.items()}
         error = None
         try:
             pm.execute_notebook(
                 str(source), str(output), parameters=parameters, kernel_name=kernel,
-                progress_bar=False, cwd=str(Path.cwd()),
+                progress_bar=False, cwd=str(source.parent.resolve()),
+                extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no TCP-transport warning
             )
         except pm.PapermillExecutionError as e:
             error = f"{e.ename}: {e.evalue}"
         results.append(RunResult(params.path, name, output, _to_html(output) if html else None, error))
     return results
+
+
+def _absolute_if_path(value: Any) -> Any:
+    """Notebooks run in their own folder (Jupyter's convention); a params value naming an existing
+    file or folder relative to where ``recon report`` runs is made absolute so it still resolves."""
+    if isinstance(value, list):
+        return [_absolute_if_path(v) for v in value]
+    if isinstance(value, str) and value and not Path(value).is_absolute() and Path(value).exists():
+        return str(Path(value).resolve())
+    return value
 
 
 def _to_html(notebook: Path) -> Path:

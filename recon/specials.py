@@ -219,7 +219,10 @@ class Verdict:
         return "\n".join([self.level, *("  - " + line for line in self.lines)])
 
 
-def verdict(tok: Tokenizer, table: pd.DataFrame, expected: pd.DataFrame | None = None) -> Verdict:
+def verdict(tok: Tokenizer, table: pd.DataFrame, expected: pd.DataFrame | None = None,
+            end_check: EndTokenCheck | None = None) -> Verdict:
+    """FAIL if an id differs from the config or the expected ids, or real samples end with another
+    token than the configured end token; WARN if an added token does not round-trip; else PASS."""
     lines, level = [], "PASS"
     n = len(table)
     wrong = table[table["config_check"].isin(["mismatch", "missing"])]
@@ -243,6 +246,10 @@ def verdict(tok: Tokenizer, table: pd.DataFrame, expected: pd.DataFrame | None =
             ]
         else:
             lines.append(f"expected ids: {len(expected)}/{len(expected)} match")
+    if end_check is not None:
+        if not end_check.ok:
+            level = "FAIL"
+        lines.append(("end token: " if end_check.ok else "end token is not what ends the samples: ") + end_check.message())
     loaded = table[table["config_check"] != "missing"]
     failing = loaded[~loaded["roundtrip"]]
     lines.append(f"round-trip: {len(loaded) - len(failing)}/{len(loaded)} added tokens decode to their text and encode back to their id")

@@ -105,7 +105,7 @@ def test_empirical_end_token_check_in_the_notebook(tmp_path, tokenizers):
     params = tmp_path / "smol-empirical.yaml"
     params.write_text(
         "notebooks:\n  01_token_discovery:\n    tokenizer: smollm2\n"
-        f"    output_ids_path: {samples}\n    end_token: '<|im_end|>'\n"
+        f"    samples_path: {samples}\n    end_token: '<|im_end|>'\n"
     )
     run = run_report(tmp_path, str(params))
     assert run.returncode == 0, run.stdout + run.stderr

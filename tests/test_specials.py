@@ -117,3 +117,14 @@ def test_overview_plot_data(kimi, tokenizers):
     data = specials_overview_data(specials.discover(kimi))
     assert data.to_dict(orient="index") == {"match": {"round-trips": 23, "fails": 0}, "filled": {"round-trips": 233, "fails": 0}}
     assert specials_overview_data(specials.discover(tokenizers["cl100k"])).loc["match", "round-trips"] == 5
+
+
+def test_verdict_fails_when_samples_end_with_another_token(tokenizers):
+    tok = tokenizers["smollm2"]
+    table = specials.discover(tok)
+    samples = [ids + [2] for ids in tok.encode_batch(CHATS)]
+    good = specials.verdict(tok, table, None, specials.check_end_token(tok, samples, "<|im_end|>"))
+    assert good.level == "PASS" and "end token: 4/4 samples (100.0%) end with '<|im_end|>' (2)" in good.lines
+    bad = specials.verdict(tok, table, None, specials.check_end_token(tok, samples, "<|endoftext|>"))
+    assert bad.level == "FAIL"
+    assert any(line.startswith("end token is not what ends the samples: 0/4") for line in bad.lines)
