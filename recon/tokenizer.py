@@ -88,6 +88,17 @@ class Tokenizer(ABC):
     def added_by_content(self) -> dict[str, AddedToken]:
         return {t.content: t for t in self.added_tokens}
 
+    @cached_property
+    def bytes_to_id(self) -> dict[bytes, int]:
+        """Every token's exact bytes -> its id (the lowest id where two tokens share bytes)."""
+        table: dict[bytes, int] = {}
+        for i in range(self.vocab_size - 1, -1, -1):
+            try:
+                table[self.id_to_bytes(i)] = i
+            except KeyError:  # an id no token holds (a gap in the vocabulary)
+                continue
+        return table
+
     def __repr__(self) -> str:
         return (
             f"<{type(self).__name__} {self.name!r} kind={self.kind} vocab_size={self.vocab_size} "

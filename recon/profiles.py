@@ -1,0 +1,293 @@
+"""Response profiles: each model family's output grammar, declared, not coded.
+
+An API splits a completion into ``reasoning_content``, ``content`` and ``tool_calls``; putting
+the ids back together needs the family's grammar: which text closes the reasoning, how tool
+calls are wrapped, which token ends the turn. A :class:`Profile` says that with strings whose
+special tokens are named by their text; :meth:`Profile.bind` looks each one up in a tokenizer
+and refuses, naming them, when the tokenizer lacks any. Built-in profiles live in
+``profiles.yaml`` beside this module; a user adds a model with a YAML file of the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, fields
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ReconError
+from .records import Response, ToolCall
+from .tokenizer import Tokenizer
+
+PLACEHOLDER = re.compile(r"\{(name|arguments|index|id)\}")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    end: str
+    description: str = ""
+    reasoning_open: str | None = None
+    reasoning_close: str | None = None
+    unclosed: str = "reasoning"
+    tools_begin: str = ""
+    tools_end: str = ""
+    call: str | None = None
+    call_id: str | None = None
+    call_separator: str = ""
+    content_tools_separator: str = ""
+    arguments: str = "text"
+
+    @property
+    def has_reasoning(self) -> bool:
+        return self.reasoning_close is not None
+
+    @property
+    def has_tools(self) -> bool:
+        return self.call is not None
+
+    def literals(self) -> list[str]:
+        """Every fixed string of the grammar (placeholders removed), for special-token lookup."""
+        parts = [self.end, self.reasoning_open or "", self.reasoning_close or "", self.tools_begin, self.tools_end,
+                 self.call_separator, self.content_tools_separator]
+        for template in (self.call, self.call_id):
+            if template:
+                parts += PLACEHOLDER.split(template)[::2]
+        return [p for p in parts if p]
+
+    def bind(self, tok: Tokenizer) -> "BoundProfile":
+        """This profile on ``tok``: every added token its strings contain, found by text."""
+        added = sorted(tok.added_by_content, key=len, reverse=True)
+        needed: list[str] = []
+        for literal in self.literals():
+            needed += [t for t in added if t in literal and t not in needed]
+        # the grammar's token-like strings (<|...|>, <｜...｜>, </think>) must all be added tokens
+        wanted = {m for lit in self.literals() for m in re.findall(r"<[|｜][^<>]*?[|｜]>|</?think>", lit)}
+        missing = sorted(w for w in wanted if w not in tok.added_by_content)
+        if missing:
+            raise ReconError(
+                f"profile {self.name!r} needs tokens {', '.join(repr(m) for m in missing)} that tokenizer "
+                f"{tok.name} does not have as added tokens; pick the profile that matches the model"
+            )
+        return BoundProfile(self, tok, {t: tok.added_by_content[t].id for t in needed})
+
+
+def _load_yaml(path: Path | str, text: str) -> dict[str, Profile]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ReconError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise ReconError(f"{path}: expected a mapping of profile name -> fields")
+    known = {f.name for f in fields(Profile)} - {"name"}
+    profiles = {}
+    for name, spec in data.items():
+        if not isinstance(spec, dict):
+            raise ReconError(f"{path}: {name}: expected a mapping of fields")
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ReconError(f"{path}: {name}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if not isinstance(spec.get("end"), str):
+            raise ReconError(f"{path}: {name}: 'end' (the end-of-turn token's text) is required")
+        if spec.get("unclosed", "reasoning") not in ("reasoning", "content"):
+            raise ReconError(f"{path}: {name}: 'unclosed' must be 'reasoning' or 'content'")
+        if spec.get("arguments", "text") not in ("text", "json"):
+            raise ReconError(f"{path}: {name}: 'arguments' must be 'text' or 'json'")
+        profiles[str(name)] = Profile(name=str(name), **spec)
+    return profiles
+
+
+def builtin_profiles() -> dict[str, Profile]:
+    source = resources.files("recon").joinpath("profiles.yaml")
+    return _load_yaml("recon/profiles.yaml", source.read_text(encoding="utf-8"))
+
+
+def load_profile(spec: str | Path) -> Profile:
+    """A built-in profile by name (``kimi-k2``, ``deepseek``, ``qwen3``, ``chatml``) or from a YAML file
+    (``path.yaml`` with one profile, or ``path.yaml:name``)."""
+    text = str(spec)
+    builtins = builtin_profiles()
+    if text in builtins:
+        return builtins[text]
+    path_text, _, wanted = text.partition(".yaml:")
+    path = Path(path_text + ".yaml" if wanted else text)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        found = _load_yaml(path, path.read_text(encoding="utf-8"))
+        if wanted:
+            if wanted not in found:
+                raise ReconError(f"{path}: no profile {wanted!r} (has {', '.join(found)})")
+            return found[wanted]
+        if len(found) != 1:
+            raise ReconError(f"{path}: holds {len(found)} profiles; say which with {path}:NAME")
+        return next(iter(found.values()))
+    raise ReconError(f"unknown profile {text!r}; built-in: {', '.join(builtins)}, or a YAML file")
+
+
+# -- rendering and parsing ------------------------------------------------------------------------------
+@dataclass
+class Part:
+    """One piece of a rendered output: a special token, fixed grammar text, or an API field's text."""
+
+    kind: str  # "special" | "literal" | "field"
+    text: str
+    field: str = ""  # reasoning | content | tool_calls[i].name | tool_calls[i].arguments | ...
+
+
+@dataclass
+class ParseOptions:
+    """Known deviations of servers' reasoning and tool-call parsers."""
+
+    strip_content: bool = False          # strip whitespace around content (and reasoning)
+    drop_newline_after_close: bool = False  # drop one "\n" right after the reasoning close tag
+    reserialize_arguments: bool = False  # json.dumps(json.loads(arguments)) with default separators
+    renumber_ids: bool = False           # call ids replaced by "call_{index}"
+
+
+class BoundProfile:
+    """A profile with its special tokens looked up in one tokenizer."""
+
+    def __init__(self, profile: Profile, tok: Tokenizer, special_ids: dict[str, int]):
+        self.profile, self.tok, self.special_ids = profile, tok, special_ids
+        self.end_id = special_ids.get(profile.end)
+
+    @cached_property
+    def _special_split(self) -> re.Pattern | None:
+        if not self.special_ids:
+            return None
+        return re.compile("(" + "|".join(re.escape(t) for t in sorted(self.special_ids, key=len, reverse=True)) + ")")
+
+    def _literal(self, text: str, out: list[Part]) -> None:
+        """Grammar text, cut into special tokens and the plain text between them."""
+        if not text:
+            return
+        pieces = self._special_split.split(text) if self._special_split else [text]
+        for piece in pieces:
+            if piece:
+                out.append(Part("special" if piece in self.special_ids else "literal", piece))
+
+    def _template(self, template: str, values: dict[str, str], field_prefix: str, out: list[Part]) -> None:
+        pos = 0
+        for m in PLACEHOLDER.finditer(template):
+            self._literal(template[pos : m.start()], out)
+            value = values[m.group(1)]
+            if m.group(1) in ("name", "arguments"):
+                out.append(Part("field", value, f"{field_prefix}.{m.group(1)}"))
+            else:  # ids and indices are grammar the server derives, not free text
+                self._literal(value, out)
+            pos = m.end()
+        self._literal(template[pos:], out)
+
+    def call_id(self, name: str, index: int) -> str:
+        template = self.profile.call_id or "call_{index}"
+        return template.replace("{name}", name).replace("{index}", str(index))
+
+    def render_parts(self, view: Response) -> list[Part]:
+        """The output the model sampled for this API view, as parts in order."""
+        p = self.profile
+        out: list[Part] = []
+        calls = view.tool_calls or []
+        if calls and not p.has_tools:
+            raise ReconError(f"profile {p.name!r} has no tool-call grammar, but the response has {len(calls)} tool call(s)")
+        if view.reasoning_content is not None:
+            if not p.has_reasoning:
+                raise ReconError(f"profile {p.name!r} has no reasoning grammar, but the response has reasoning_content")
+            self._literal(p.reasoning_open or "", out)
+            out.append(Part("field", view.reasoning_content, "reasoning"))
+            cut_while_thinking = view.finish_reason == "length" and not view.content and not calls
+            if not cut_while_thinking:
+                self._literal(p.reasoning_close, out)
+        if view.content:
+            out.append(Part("field", view.content, "content"))
+        if calls:
+            if view.content:
+                self._literal(p.content_tools_separator, out)
+            self._literal(p.tools_begin, out)
+            for k, call in enumerate(calls):
+                if k:
+                    self._literal(p.call_separator, out)
+                arguments = call.arguments
+                if p.arguments == "json":
+                    try:
+                        json.loads(arguments)
+                    except json.JSONDecodeError as e:
+                        raise ReconError(f"tool_calls[{k}].function.arguments is not JSON ({e.msg} at column {e.colno}); "
+                                         f"profile {p.name!r} embeds it as JSON") from None
+                values = {"name": call.name, "arguments": arguments, "index": str(k), "id": call.id or self.call_id(call.name, k)}
+                self._template(p.call, values, f"tool_calls[{k}]", out)
+            self._literal(p.tools_end, out)
+        if view.finish_reason in ("stop", "tool_calls", None):
+            self._literal(p.end, out)
+        return [part for part in out if part.text]
+
+    def render(self, view: Response) -> str:
+        return "".join(part.text for part in self.render_parts(view))
+
+    # -- parse -------------------------------------------------------------------------------------
+    @cached_property
+    def _call_pattern(self) -> re.Pattern:
+        template = self.profile.call or ""
+        pattern, pos = "", 0
+        for m in PLACEHOLDER.finditer(template):
+            pattern += re.escape(template[pos : m.start()])
+            pattern += {"name": r"(?P<name>[^\s<>{}\"]+?)", "arguments": r"(?P<arguments>.*?)",
+                        "index": r"(?P<index>\d+)", "id": r"(?P<id>[^<>\s]+?)"}[m.group(1)]
+            pos = m.end()
+        return re.compile(pattern + re.escape(template[pos:]), re.S)
+
+    def parse_text(self, text: str, options: ParseOptions | None = None) -> Response:
+        """The API view a server's reasoning and tool-call parsers make of an output's text."""
+        p, o = self.profile, options or ParseOptions()
+        finish = "length"
+        if text.endswith(p.end):
+            text, finish = text[: -len(p.end)], "stop"
+        reasoning = None
+        if p.has_reasoning:
+            opened = p.reasoning_open and text.startswith(p.reasoning_open)
+            body = text[len(p.reasoning_open):] if opened else text
+            close_at = body.find(p.reasoning_close)
+            if close_at >= 0 and (opened or not p.reasoning_open):
+                reasoning, text = body[:close_at], body[close_at + len(p.reasoning_close):]
+                if o.drop_newline_after_close and text.startswith("\n"):
+                    text = text[1:]
+            elif opened or (not p.reasoning_open and finish == "length" and p.unclosed == "reasoning"):
+                reasoning, text = body, ""
+        calls: list[ToolCall] = []
+        if p.has_tools:
+            first = p.tools_begin or PLACEHOLDER.split(p.call)[0]
+            at = text.find(first) if first else -1
+            if at >= 0:
+                section, text = text[at:], text[:at]
+                if p.content_tools_separator and text.endswith(p.content_tools_separator):
+                    text = text[: -len(p.content_tools_separator)]
+                for k, m in enumerate(self._call_pattern.finditer(section)):
+                    groups = m.groupdict()
+                    name = groups.get("name")
+                    if name is None and groups.get("id"):
+                        id_match = re.fullmatch(re.escape(p.call_id or "").replace(r"\{name\}", "(?P<name>.+?)").replace(r"\{index\}", r"\d+"), groups["id"])
+                        name = id_match.group("name") if id_match else groups["id"]
+                    arguments = groups.get("arguments", "")
+                    if o.reserialize_arguments:
+                        try:
+                            arguments = json.dumps(json.loads(arguments))
+                        except json.JSONDecodeError:
+                            pass
+                    call_id = groups.get("id") or self.call_id(name, k)
+                    if o.renumber_ids:
+                        call_id = f"call_{k}"
+                    calls.append(ToolCall(call_id, name, arguments))
+                if calls and finish == "stop":
+                    finish = "tool_calls"
+        content = text
+        if o.strip_content:
+            content = content.strip()
+            reasoning = reasoning.strip() if reasoning is not None else None
+        return Response(content=content if content or not (calls or reasoning is not None) else None,
+                        reasoning_content=reasoning, tool_calls=calls or None, finish_reason=finish)
+
+    def parse_ids(self, ids: list[int], options: ParseOptions | None = None) -> Response:
+        return self.parse_text(self.tok.decode(ids), options)
