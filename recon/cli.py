@@ -166,6 +166,52 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_options(args: argparse.Namespace):
+    from .profiles import ParseOptions
+
+    return ParseOptions(strip_content=args.strip_content, drop_newline_after_close=args.drop_newline_after_close,
+                        reserialize_arguments=args.reserialize_arguments, renumber_ids=args.renumber_ids,
+                        skip_special_tokens=args.skip_special_tokens)
+
+
+def _add_parse_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server deviations when parsing output_ids into an API view")
+    g.add_argument("--strip-content", action="store_true", help="strip whitespace around content and reasoning")
+    g.add_argument("--drop-newline-after-close", action="store_true", help="drop one newline after the reasoning close tag")
+    g.add_argument("--reserialize-arguments", action="store_true", help="json.dumps(json.loads(arguments)) with defaults")
+    g.add_argument("--renumber-ids", action="store_true", help="tool call ids become call_0, call_1, ...")
+    g.add_argument("--skip-special-tokens", action="store_true", help="drop special tokens outside the grammar from the text")
+
+
+def cmd_reconstruct(args: argparse.Namespace) -> int:
+    from . import load_tokenizer
+    from .profiles import load_profile
+    from .reconstruct import reconstruct_batch, view_of
+    from .records import read_records, write_records
+
+    tok = load_tokenizer(args.tokenizer, family=args.family)
+    bound = load_profile(args.profile).bind(tok)
+    data = read_records(args.data, vocab_size=tok.vocab_size)
+    _print_errors(data.errors)
+    options = _parse_options(args)
+    views, extras = [], []
+    for rec in data.records:
+        views.append(view_of(rec, bound, options))
+    results = reconstruct_batch(views, bound, args.method)
+    for res in results:
+        extra = {"recon_ids": res.ids, "recon_method": res.method}
+        if res.coverage is not None:
+            extra["recon_coverage"] = round(res.coverage, 6)
+        if res.error:
+            extra["recon_error"] = res.error
+        extras.append(extra)
+    n = write_records(data.records, args.out, extras)
+    failed = sum(r.error is not None for r in results)
+    methods = ", ".join(f"{m}: {sum(r.method == m and r.error is None for r in results)}" for m in sorted({r.method for r in results}))
+    print(f"wrote {n} records to {args.out} ({methods}; {failed} could not be reconstructed); {data.summary()}")
+    return 0 if data.records else 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recon", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports", help="output folder (default reports)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML copies")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("reconstruct", help="API text back to token ids (adds recon_ids to each record)")
+    p.add_argument("data", nargs="+", help="sample files")
+    p.add_argument("--tokenizer", required=True, help="tokenizer spec")
+    p.add_argument("--family", help="pre-tokenizer family for a tiktoken ranks file")
+    p.add_argument("--profile", required=True, help="kimi-k2, deepseek, qwen3, chatml, or a YAML file")
+    p.add_argument("--method", default="auto", choices=["concat", "segments", "logprobs", "auto"])
+    p.add_argument("--out", required=True)
+    _add_parse_options(p)
+    p.set_defaults(func=cmd_reconstruct)
 
     p = sub.add_parser("validate", help="check sample files: every bad record with file, line and field")
     p.add_argument("data", nargs="+", help="JSONL (.gz) or Parquet files in the sample format")

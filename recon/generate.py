@@ -136,8 +136,7 @@ class LocalModel:
         """The completion as an OpenAI-compatible server returns it: special tokens skipped in the
         text (vLLM's and SGLang's default), per-token text and bytes in ``logprobs``."""
         tok = self.tokenizer
-        specials = {t.id for t in tok.added_tokens if t.special}
-        text_ids = [i for i in sample.output_ids if i not in specials]
+        text_ids = [i for i in sample.output_ids if i not in tok.special_ids]
         entries = None
         if logprobs:
             entries = []

@@ -146,6 +146,7 @@ class ParseOptions:
     drop_newline_after_close: bool = False  # drop one "\n" right after the reasoning close tag
     reserialize_arguments: bool = False  # json.dumps(json.loads(arguments)) with default separators
     renumber_ids: bool = False           # call ids replaced by "call_{index}"
+    skip_special_tokens: bool = False    # drop special tokens outside the grammar from the text (servers' default)
 
 
 class BoundProfile:
@@ -290,4 +291,7 @@ class BoundProfile:
                         reasoning_content=reasoning, tool_calls=calls or None, finish_reason=finish)
 
     def parse_ids(self, ids: list[int], options: ParseOptions | None = None) -> Response:
+        if options is not None and options.skip_special_tokens:
+            keep = set(self.special_ids.values())
+            ids = [i for i in ids if i not in self.tok.special_ids or i in keep]
         return self.parse_text(self.tok.decode(ids), options)

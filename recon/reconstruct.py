@@ -64,14 +64,14 @@ def _logprob_ids(bound: BoundProfile, view: Response) -> Reconstruction:
         first = next(k for k, i in enumerate(ids) if i is None)
         return Reconstruction(None, "logprobs", coverage,
                               f"logprob entry {first} ({entries[first].token!r}) does not map to a token of the vocabulary")
-    data = b"".join(bound.tok.id_to_bytes(i) for i in mapped)
-    rendered = bound.render_parts(view)
+    # compare as the server made its text: decoded (invalid UTF-8 -> U+FFFD), special tokens skipped
+    tok, rendered = bound.tok, bound.render_parts(view)
     ended = bound.end_id is not None and mapped[-1] == bound.end_id
-    if ended or data == "".join(p.text for p in rendered).encode("utf-8"):
-        # the logprobs are the whole output (special tokens included even where the text drops them)
-        return Reconstruction(mapped, "logprobs", coverage)
+    text = tok.decode([i for i in mapped if i not in tok.special_ids])
+    if ended or text == "".join(p.text for p in rendered if p.kind != "special"):
+        return Reconstruction(mapped, "logprobs", coverage)  # the whole output
     # many APIs give logprobs for the content only: splice them in where the content goes
-    if view.content and data == view.content.encode("utf-8"):
+    if view.content and text == view.content:
         out: list[int] = []
         for part in rendered:
             if part.field == "content":
@@ -79,9 +79,9 @@ def _logprob_ids(bound: BoundProfile, view: Response) -> Reconstruction:
             elif part.kind == "special":
                 out.append(bound.special_ids[part.text])
             else:
-                out.extend(bound.tok.encode(part.text, allow_special=False))
+                out.extend(tok.encode(part.text, allow_special=False))
         return Reconstruction(out, "logprobs", coverage)
-    return Reconstruction(None, "logprobs", coverage, "the logprobs' bytes match neither the whole output nor the content")
+    return Reconstruction(None, "logprobs", coverage, "the logprobs' text matches neither the whole output nor the content")
 
 
 def reconstruct_batch(views: Sequence[Response], bound: BoundProfile, method: str = "auto") -> list[Reconstruction]:

@@ -303,14 +303,19 @@ def read_records(paths: Iterable[str | Path] | str | Path, *, vocab_size: int | 
     return ReadResult(records, errors)
 
 
-def write_records(records: Iterable[Record], path: str | Path) -> int:
-    """Write records as JSONL (gzipped if the name ends in .gz); returns how many."""
+def write_records(records: Iterable[Record], path: str | Path, extras: Iterable[dict] | None = None) -> int:
+    """Write records as JSONL (gzipped if the name ends in .gz); returns how many.
+    ``extras``, one dict per record, adds top-level fields (e.g. ``recon_ids``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.suffix == ".gz" else open
     n = 0
+    extra_iter = iter(extras) if extras is not None else None
     with opener(path, "wt", encoding="utf-8") as f:
         for rec in records:
-            f.write(json.dumps(rec.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
+            obj = rec.to_dict()
+            if extra_iter is not None:
+                obj.update(next(extra_iter))
+            f.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
             n += 1
     return n

@@ -89,6 +89,11 @@ class Tokenizer(ABC):
         return {t.content: t for t in self.added_tokens}
 
     @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of added tokens flagged special (the ones servers skip in returned text)."""
+        return frozenset(t.id for t in self.added_tokens if t.special)
+
+    @cached_property
     def bytes_to_id(self) -> dict[bytes, int]:
         """Every token's exact bytes -> its id (the lowest id where two tokens share bytes)."""
         table: dict[bytes, int] = {}

@@ -197,3 +197,39 @@ def test_user_profile_from_yaml(tmp_path, tokenizers):
     with pytest.raises(ReconError, match=r"bad.yaml: x: unknown field\(s\) colour"):
         load_profile(tmp_path / "bad.yaml")
     assert set(builtin_profiles()) == {"kimi-k2", "deepseek", "qwen3", "chatml"}
+
+
+def test_reconstruct_cli_adds_recon_ids(tmp_path):
+    from .test_cli import recon
+
+    out = tmp_path / "rec.jsonl"
+    run = recon("reconstruct", "data/smollm2-t1.3.jsonl", "--tokenizer", "smollm2", "--profile", "chatml", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "wrote 160 records" in run.stdout and "logprobs: 160" in run.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["recon_ids"] == r["output_ids"] and r["recon_method"] == "logprobs" for r in rows)
+    concat = tmp_path / "concat.jsonl"
+    recon("reconstruct", "data/smollm2-t1.3.jsonl", "--tokenizer", "smollm2", "--profile", "chatml", "--method", "concat", "--out", str(concat))
+    rows = [json.loads(line) for line in concat.read_text().splitlines()]
+    assert 0 < sum(r["recon_ids"] == r["output_ids"] for r in rows) < 160  # concat can't recover non-canonical samples
+    bad = recon("reconstruct", "data/smollm2-t1.3.jsonl", "--tokenizer", "smollm2", "--profile", "deepseek", "--out", str(tmp_path / "x.jsonl"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "needs tokens" in bad.stderr
+
+
+def test_roundtrip_mode_parses_output_ids_when_there_is_no_response(tokenizers):
+    from recon.reconstruct import reconstruct_records
+    from recon.records import Record
+
+    b = load_profile("chatml").bind(tokenizers["smollm2"])
+    records = [Record(r.id, r.dataset, r.output_ids) for r in read_records(ROOT / "data" / "smollm2-t0.7.jsonl").records[:30]]
+    results = reconstruct_records(records, b, "concat")
+    canonical = [r for r in records if b.tok.encode(b.tok.decode(r.output_ids)) == r.output_ids]
+    assert canonical and all(res.ids == r.output_ids for res, r in zip(results, records) if r in canonical)
+
+
+def test_skip_special_tokens_drops_stray_specials_but_keeps_the_grammar(bound):
+    b = bound["chatml"]
+    ids = b.tok.encode("Hello<|endoftext|> world<|im_end|>")
+    assert b.parse_ids(ids).content == "Hello<|endoftext|> world"
+    view = b.parse_ids(ids, ParseOptions(skip_special_tokens=True))
+    assert (view.content, view.finish_reason) == ("Hello world", "stop")

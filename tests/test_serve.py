@@ -51,10 +51,9 @@ def test_chat_completion_with_token_ids_imports_exactly(server, tokenizers):
     reply = chat(server, body)
     assert len(reply["choices"]) == 2 and reply["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in reply["choices"])
     records = [parse_record(r, path=server, line=1, default_dataset="served") for r in from_chat_completion(reply, "q1")]
-    specials = {t.id for t in tok.added_tokens if t.special}
     for rec in records:
         assert [t.token_id for t in rec.response.logprobs] == rec.output_ids
-        assert tok.decode([i for i in rec.output_ids if i not in specials]) == rec.response.content
+        assert tok.decode([i for i in rec.output_ids if i not in tok.special_ids]) == rec.response.content
         assert rec.response.finish_reason == ("stop" if rec.output_ids[-1] == 2 else "length")
     rendered = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     rendered += "<|im_start|>user\n" + MESSAGES[0]["content"] + "<|im_end|>\n<|im_start|>assistant\n"
