@@ -212,6 +212,76 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
     return 0 if data.records else 2
 
 
+def _audit(args: argparse.Namespace, *, keep_ids: bool = False):
+    from . import load_tokenizer
+    from .audit import audit_records
+    from .profiles import load_profile
+    from .records import read_records
+
+    tok = load_tokenizer(args.tokenizer, family=args.family)
+    bound = load_profile(args.profile).bind(tok)
+    data = read_records(args.data, vocab_size=tok.vocab_size)
+    _print_errors(data.errors)
+    if not data.records:
+        raise ReconError(f"no usable records in {', '.join(args.data)} ({data.summary()})")
+    frame = audit_records(data.records, bound, args.method, mode=args.mode, options=_parse_options(args), keep_ids=keep_ids)
+    return tok, data, frame
+
+
+def _print_summary(summary: dict) -> None:
+    def line(name: str, s: dict) -> str:
+        rate = "n/a" if s["exact_rate"] is None else f"{s['exact_rate']:.1%}"
+        causes = ", ".join(f"{c} {n}" for c, n in s["by_cause"].items()) or "-"
+        return f"{name:24} {s['samples']:>8} {s['exact']:>8} {s['mismatched']:>9} {s['errors']:>7} {s['unverified']:>10}  {rate:>7}  {causes}"
+    print(f"{'dataset':24} {'samples':>8} {'exact':>8} {'mismatch':>9} {'errors':>7} {'unverified':>10}  {'exact%':>7}  causes")
+    for name, s in summary["datasets"].items():
+        print(line(name, s))
+    if len(summary["datasets"]) > 1:
+        print(line("all", summary))
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from . import stats
+
+    _, data, frame = _audit(args)
+    summary = stats.summary(frame)
+    summary["bad_records"] = data.bad_records
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(out / "samples.parquet", index=False)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+    if args.json:
+        print(json.dumps(summary, ensure_ascii=False))
+    else:
+        _print_summary(summary)
+        if args.out:
+            print(f"per-sample results: {Path(args.out) / 'samples.parquet'}; summary: {Path(args.out) / 'summary.json'}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_table, write_table
+
+    _, data, frame = _audit(args, keep_ids=True)
+    table = export_table(data.records, frame, args.policy)
+    path = write_table(table, args.out)
+    kept = int(table["keep"].sum())
+    print(f"wrote {len(table)} samples to {path}: {kept} kept under policy {args.policy}, {len(table) - kept} not")
+    return 0
+
+
+def _add_audit_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", nargs="+", help="sample files (JSONL, .jsonl.gz, Parquet)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer spec")
+    p.add_argument("--family", help="pre-tokenizer family for a tiktoken ranks file")
+    p.add_argument("--profile", required=True, help="kimi-k2, deepseek, qwen3, chatml, or a YAML file")
+    p.add_argument("--method", default="auto", choices=["concat", "segments", "logprobs", "auto"])
+    p.add_argument("--mode", default="auto", choices=["auto", "roundtrip", "paired", "reconstruct-only"],
+                   help="auto: paired when a record has output_ids and a response, roundtrip with ids only")
+    _add_parse_options(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recon", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -241,6 +311,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     _add_parse_options(p)
     p.set_defaults(func=cmd_reconstruct)
+
+    p = sub.add_parser("audit", help="ground truth against reconstruction: status and cause per sample")
+    _add_audit_arguments(p)
+    p.add_argument("--out", help="folder for samples.parquet and summary.json")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("export", help="the training-ready dataset: ids, status, cause and a keep flag")
+    _add_audit_arguments(p)
+    p.add_argument("--policy", default="exact-only", choices=["exact-only", "fallback", "drop-mismatches"])
+    p.add_argument("--out", required=True, help=".parquet or .jsonl")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("validate", help="check sample files: every bad record with file, line and field")
     p.add_argument("data", nargs="+", help="JSONL (.gz) or Parquet files in the sample format")

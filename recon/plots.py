@@ -55,3 +55,68 @@ def last_tokens(histogram: pd.DataFrame, top: int = 10, title: str = ""):
     ax.set_title(title or "last token of each sample")
     fig.tight_layout()
     return fig
+
+
+# -- audit figures (data from recon.stats) ------------------------------------------------------------------
+CAUSE_COLOURS = {
+    "non_canonical_bpe": "tab:blue", "invalid_utf8": "tab:orange", "special_text_collision": "tab:purple",
+    "special_token_mismatch": "tab:red", "whitespace_trim": "tab:olive", "tool_call_format": "tab:cyan",
+    "missing_end_token": "tab:brown", "other": "tab:gray",
+}
+
+
+def exact_rates(status: pd.DataFrame, title: str = "exact round-trip rate"):
+    """Exact rate per dataset (a :func:`recon.stats.status_table`)."""
+    data = status.drop(index="all", errors="ignore")["exact_rate"]
+    fig, ax = plt.subplots(figsize=(6, 0.45 * len(data) + 1.3))
+    ax.barh(list(map(str, data.index)), data.values, color="tab:green")
+    for y, v in enumerate(data.values):
+        ax.text(v, y, f" {v:.1%}", va="center")
+    ax.set_xlim(0, 1.15)
+    ax.set_xlabel("share of verified samples reconstructed exactly")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def causes(table: pd.DataFrame, title: str = "mismatches by cause"):
+    """Stacked bars of mismatches per dataset by cause (a :func:`recon.stats.cause_table`)."""
+    fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(table), 1) + 1.5))
+    if len(table) and table.values.sum():
+        table.plot.barh(stacked=True, ax=ax, color=[CAUSE_COLOURS.get(c, "tab:pink") for c in table.columns])
+        ax.legend(fontsize="small", loc="lower right")
+    ax.set_xlabel("mismatched samples")
+    ax.set_ylabel("")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def divergence_positions(positions: pd.DataFrame, title: str = "where samples first diverge"):
+    """Histograms of the first divergence, absolute and relative (a :func:`recon.stats.divergence_positions`)."""
+    fig, (abs_ax, rel_ax) = plt.subplots(1, 2, figsize=(11, 3.2))
+    for name, group in positions.groupby("dataset"):
+        abs_ax.hist(group["first_diff"], bins=20, alpha=0.6, label=str(name))
+        rel_ax.hist(group["rel_pos"], bins=20, range=(0, 1), alpha=0.6, label=str(name))
+    abs_ax.set_xlabel("token index of the first divergence")
+    rel_ax.set_xlabel("relative position (index / sample length)")
+    for ax in (abs_ax, rel_ax):
+        ax.set_ylabel("samples")
+        if len(positions):
+            ax.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def method_comparison(table: pd.DataFrame, title: str = "exact rate by reconstruction method"):
+    """Grouped bars: exact rate per dataset and method (a :func:`recon.stats.method_comparison`)."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    table.plot.bar(ax=ax, rot=0)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("exact rate")
+    ax.set_xlabel("")
+    ax.set_title(title)
+    ax.legend(fontsize="small", title="method")
+    fig.tight_layout()
+    return fig

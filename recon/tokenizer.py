@@ -89,6 +89,17 @@ class Tokenizer(ABC):
         return {t.content: t for t in self.added_tokens}
 
     @cached_property
+    def gap_ids(self) -> frozenset[int]:
+        """Ids below ``vocab_size`` that no token holds (decoding them fails)."""
+        gaps = set()
+        for i in range(self.vocab_size):
+            try:
+                self.id_to_bytes(i)
+            except KeyError:
+                gaps.add(i)
+        return frozenset(gaps)
+
+    @cached_property
     def special_ids(self) -> frozenset[int]:
         """Ids of added tokens flagged special (the ones servers skip in returned text)."""
         return frozenset(t.id for t in self.added_tokens if t.special)
@@ -157,7 +168,7 @@ class HFTokenizer(Tokenizer):
     def _vocab(self) -> dict[str, int]:
         return self._core.get_vocab(with_added_tokens=True)
 
-    @property
+    @cached_property
     def vocab_size(self) -> int:
         return max(self._vocab.values()) + 1
 

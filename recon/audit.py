@@ -1,0 +1,316 @@
+"""Audits: ground-truth ids against reconstructions, every mismatch located and explained.
+
+The mode follows from the record:
+
+* *roundtrip* — only ``output_ids``: parse them to the API view a server would return,
+  reconstruct, compare;
+* *paired* — ``output_ids`` and ``response``: reconstruct from the response, compare;
+* *reconstruct-only* — only ``response``: no verdict (status ``unverified``), flags only.
+
+Each non-matching stretch of ids (``difflib`` opcodes over the two id lists) gets a cause; a
+sample's ``cause`` is its first divergence's, ``causes`` keeps them all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+from typing import Iterable, Sequence
+
+import pandas as pd
+
+from .profiles import BoundProfile, ParseOptions
+from .reconstruct import METHODS, Reconstruction, reconstruct_batch
+from .records import Record, Response
+
+CAUSES = (
+    "non_canonical_bpe",       # same bytes, different segmentation
+    "invalid_utf8",            # ids that don't decode to valid UTF-8 (cut inside a character)
+    "special_text_collision",  # content holds a special token's text, which re-encodes as the special id
+    "special_token_mismatch",  # a special id differs, is missing or extra
+    "whitespace_trim",         # the API view lost or gained whitespace at a boundary
+    "tool_call_format",        # arguments re-serialized, ids renumbered, calls reordered
+    "missing_end_token",       # truncated: no end token on one side
+    "other",
+)
+STATUSES = ("exact", "mismatch", "error", "unverified")
+REPLACEMENT = "\ufffd".encode()
+WINDOW = 8
+
+COLUMNS = [
+    "id", "dataset", "mode", "method", "status", "cause", "causes", "first_diff", "rel_pos", "len_truth",
+    "len_recon", "truth_piece", "recon_piece", "truth_id", "recon_id", "truth_window", "recon_window",
+    "truth_pieces", "recon_pieces", "context_truth", "context_recon", "last_id", "flags", "error",
+]
+
+
+@dataclass
+class Divergence:
+    """One stretch where the ids differ: truth[i1:i2] vs recon[j1:j2]."""
+
+    i1: int
+    i2: int
+    j1: int
+    j2: int
+    cause: str
+
+
+def mode_of(record: Record, mode: str = "auto") -> str:
+    if mode != "auto":
+        return mode
+    if record.output_ids is not None and record.response is not None:
+        return "paired"
+    return "roundtrip" if record.output_ids is not None else "reconstruct-only"
+
+
+def _bytes(tok, ids: Sequence[int]) -> bytes:
+    return b"".join(tok.id_to_bytes(i) for i in ids)
+
+
+def _is_whitespace_only_change(a: bytes, b: bytes) -> bool:
+    if a == b:
+        return False
+    return b"".join(a.split()) == b"".join(b.split())
+
+
+def _tool_spans(bound: BoundProfile, view: Response | None) -> list[tuple[int, int]]:
+    """Byte spans of tool-call text (names, arguments, ids) in the rendered output."""
+    if view is None or not view.tool_calls:
+        return []
+    spans, pos, inside = [], 0, False
+    for part in bound.render_parts(view):
+        size = len(part.text.encode("utf-8"))
+        if part.field.startswith("tool_calls") or (inside and part.kind == "literal"):
+            spans.append((pos, pos + size))
+        if part.text == bound.profile.tools_begin or part.field.startswith("tool_calls"):
+            inside = True
+        pos += size
+    return spans
+
+
+def _same_json(a: bytes, b: bytes) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+MERGE_SPAN = 8
+
+
+def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int, added: set, tool_spans) -> str:
+    tok, end = bound.tok, bound.end_id
+    t_ids, r_ids = truth[i1:i2], recon[j1:j2]
+    t_bytes, r_bytes = _bytes(tok, t_ids), _bytes(tok, r_ids)
+    t_special = [i for i in t_ids if i in added]
+    r_special = [i for i in r_ids if i in added]
+    at_end = i2 == len(truth) and j2 == len(recon)
+    if at_end and end is not None and (t_ids == [end] and not r_ids or r_ids == [end] and not t_ids):
+        return "missing_end_token"
+    if r_special and not t_special and t_bytes == r_bytes:
+        return "special_text_collision"
+    if t_special or r_special:
+        return "special_token_mismatch"
+    if t_bytes == r_bytes:
+        return "non_canonical_bpe"
+    if REPLACEMENT in r_bytes and REPLACEMENT not in t_bytes:
+        return "invalid_utf8"
+    if _is_whitespace_only_change(t_bytes, r_bytes):
+        return "whitespace_trim"
+    if tool_spans and _in_spans(len(_bytes(tok, recon[:j1])), len(r_bytes), tool_spans):
+        return "tool_call_format"
+    return "other"
+
+
+def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int], view: Response | None = None) -> list[Divergence]:
+    """Every stretch where ``recon`` differs from ``truth``, with its cause, in order."""
+    tok = bound.tok
+    added = {t.id for t in tok.added_tokens}
+    tool_spans = _tool_spans(bound, view)
+    out = []
+    ops = [op for op in SequenceMatcher(None, truth, recon, autojunk=False).get_opcodes()]
+    a = 0
+    while a < len(ops):
+        tag, i1, i2, j1, j2 = ops[a]
+        if tag == "equal":
+            a += 1
+            continue
+        # the matcher may pair up a shared token inside a re-segmented stretch ('u','u','h' vs 'u','uh'):
+        # grow the stretch over the next few opcodes while that makes both sides the same bytes
+        for b in range(a, min(a + MERGE_SPAN, len(ops))):
+            _, _, bi2, _, bj2 = ops[b]
+            if ops[b][0] != "equal" and _bytes(tok, truth[i1:bi2]) == _bytes(tok, recon[j1:bj2]):
+                if not any(i in added for i in (*truth[i1:bi2], *recon[j1:bj2])):
+                    i2, j2, a = bi2, bj2, b
+                break
+        out.append(Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans)))
+        a += 1
+    return _widen_tool_calls(bound, truth, recon, out, tool_spans)
+
+
+def _in_spans(start: int, size: int, spans: list[tuple[int, int]]) -> bool:
+    end = start + max(size, 1)
+    return any(s < end and start < e for s, e in spans)
+
+
+def _widen_tool_calls(bound, truth, recon, found: list[Divergence], tool_spans) -> list[Divergence]:
+    """Re-serialized arguments differ in whitespace or escapes inside JSON: call it tool_call_format."""
+    if not tool_spans:
+        return found
+    tok = bound.tok
+    for d in found:
+        if d.cause in ("whitespace_trim", "other"):
+            start = len(_bytes(tok, recon[: d.j1]))
+            if _in_spans(start, len(_bytes(tok, recon[d.j1 : d.j2])), tool_spans):
+                d.cause = "tool_call_format"
+    return found
+
+
+def _pieces(tok, ids: Sequence[int]) -> list[str]:
+    return [tok.id_to_piece(i) or f"<{i}>" for i in ids]
+
+
+def _context(tok, ids: Sequence[int], at: int) -> str:
+    return tok.decode(ids[max(0, at - 24) : at + 24])
+
+
+def _flags(bound: BoundProfile, view: Response | None) -> list[str]:
+    """What makes a reconstruct-only record suspicious, though it can't be verified."""
+    if view is None:
+        return []
+    flags = []
+    texts = [t for t in (view.content, view.reasoning_content) if t]
+    if any("\ufffd" in t for t in texts):
+        flags.append("replacement_char")
+    if any(s in t for t in texts for s in bound.tok.added_by_content):
+        flags.append("special_text_in_content")
+    if view.content and view.content != view.content.strip():
+        flags.append("edge_whitespace")
+    if view.finish_reason == "length":
+        flags.append("truncated")
+    if view.logprobs is None:
+        flags.append("no_logprobs")
+    return flags
+
+
+def _row(record: Record, mode: str, method: str, status: str, **kw) -> dict:
+    row = dict.fromkeys(COLUMNS)
+    row.update(id=record.id, dataset=record.dataset, mode=mode, method=method, status=status, causes=[], flags=[])
+    row.update(kw)
+    return row
+
+
+def compare(bound: BoundProfile, record: Record, mode: str, view: Response | None, rec: Reconstruction) -> dict:
+    """One audit row for a record and its reconstruction."""
+    tok = bound.tok
+    truth = record.output_ids
+    if rec.error is not None or rec.ids is None:
+        return _row(record, mode, rec.method, "error", error=rec.error or "no reconstruction",
+                    len_truth=len(truth) if truth else None, flags=_flags(bound, view))
+    if mode == "reconstruct-only" or truth is None:
+        return _row(record, mode, rec.method, "unverified", len_recon=len(rec.ids), flags=_flags(bound, view))
+    base = dict(len_truth=len(truth), len_recon=len(rec.ids), last_id=truth[-1] if truth else None, flags=_flags(bound, view))
+    if list(rec.ids) == list(truth):
+        return _row(record, mode, rec.method, "exact", **base)
+    found = classify(bound, truth, rec.ids, view)
+    first = found[0]
+    k = first.i1
+    t_at = truth[first.i1] if first.i1 < len(truth) else None
+    r_at = rec.ids[first.j1] if first.j1 < len(rec.ids) else None
+    return _row(
+        record, mode, rec.method, "mismatch", cause=first.cause, causes=[d.cause for d in found],
+        first_diff=k, rel_pos=k / len(truth) if truth else None,
+        truth_id=t_at, recon_id=r_at,
+        truth_piece=tok.id_to_piece(t_at) if t_at is not None else "(end)",
+        recon_piece=tok.id_to_piece(r_at) if r_at is not None else "(end)",
+        truth_window=list(truth[max(0, k - WINDOW) : k + WINDOW]),
+        recon_window=list(rec.ids[max(0, first.j1 - WINDOW) : first.j1 + WINDOW]),
+        truth_pieces=_pieces(tok, truth[max(0, k - WINDOW) : k + WINDOW]),
+        recon_pieces=_pieces(tok, rec.ids[max(0, first.j1 - WINDOW) : first.j1 + WINDOW]),
+        context_truth=_context(tok, truth, k), context_recon=_context(tok, rec.ids, first.j1), **base,
+    )
+
+
+def audit_records(
+    records: Sequence[Record],
+    bound: BoundProfile,
+    method: str = "auto",
+    *,
+    mode: str = "auto",
+    options: ParseOptions | None = None,
+    keep_ids: bool = False,
+) -> pd.DataFrame:
+    """One row per record (see ``COLUMNS``); a record that fails is an ``error`` row, the rest go on.
+    ``keep_ids`` adds a ``recon_ids`` column with each full reconstruction."""
+    tok = bound.tok
+    gaps = tok.gap_ids
+    rows: list[dict | None] = [None] * len(records)
+    views: list[Response] = []
+    slots: list[int] = []
+    modes = [mode_of(r, mode) for r in records]
+    for k, (record, m) in enumerate(zip(records, modes)):
+        try:
+            if record.output_ids is not None:
+                bad = next(((p, i) for p, i in enumerate(record.output_ids) if i >= tok.vocab_size or i < 0 or i in gaps), None)
+                if bad:
+                    raise ValueError(f"output_ids[{bad[0]}] = {bad[1]} is not a token of {tok.name}")
+            if m == "roundtrip":
+                view = bound.parse_ids(record.output_ids, options)
+            elif record.response is not None:
+                view = record.response
+            else:
+                raise ValueError(f"mode {m!r} needs a response, and the record has none")
+            views.append(view)
+            slots.append(k)
+        except Exception as e:  # noqa: BLE001 - any failure on one record is reported on that record
+            rows[k] = _row(record, m, method, "error", error=f"{type(e).__name__}: {e}")
+    results = reconstruct_batch(views, bound, method) if views else []
+    recon_ids: list = [None] * len(records)
+    for k, view, rec in zip(slots, views, results):
+        recon_ids[k] = rec.ids
+        try:
+            rows[k] = compare(bound, records[k], modes[k], view, rec)
+        except Exception as e:  # noqa: BLE001
+            rows[k] = _row(records[k], modes[k], rec.method, "error", error=f"{type(e).__name__}: {e}")
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    if keep_ids:
+        frame["recon_ids"] = recon_ids
+    return frame
+
+
+def describe(row, tok) -> str:
+    """One line in the seed's words: where a sample differs, and what each side has there."""
+    if row["status"] != "mismatch":
+        return f"sample {row['id']}: {row['status']}" + (f" ({row['error']})" if row["error"] else "")
+    def text(i):
+        return "(end)" if i is None or pd.isna(i) else repr(tok.id_to_bytes(int(i)).decode("utf-8", "replace")) + f" ({int(i)})"
+    return (f"sample {row['id']} differs at position {int(row['first_diff'])} of {int(row['len_truth'])}: "
+            f"original {text(row['truth_id'])}, reconstruction {text(row['recon_id'])} [{row['cause']}]")
+
+
+def drilldown(row, tok) -> pd.DataFrame:
+    """The ids and token texts around a sample's first divergence, ground truth beside reconstruction."""
+    k = int(row["first_diff"])
+    t_ids, r_ids = list(row["truth_window"]), list(row["recon_window"])
+    start = max(0, k - WINDOW)
+    rows = []
+    for n in range(max(len(t_ids), len(r_ids))):
+        t = t_ids[n] if n < len(t_ids) else None
+        r = r_ids[n] if n < len(r_ids) else None
+        rows.append(dict(position=start + n, truth_id=t,
+                         truth_text=None if t is None else tok.id_to_bytes(t).decode("utf-8", "replace"),
+                         recon_id=r, recon_text=None if r is None else tok.id_to_bytes(r).decode("utf-8", "replace"),
+                         differs=t != r))
+    return pd.DataFrame(rows)
+
+
+def audit_methods(records: Sequence[Record], bound: BoundProfile, methods: Iterable[str] = ("concat", "segments", "logprobs"),
+                  *, mode: str = "auto", options: ParseOptions | None = None) -> pd.DataFrame:
+    """The same records audited with each method, stacked (compare with :func:`recon.stats.method_comparison`)."""
+    frames = [audit_records(records, bound, m, mode=mode, options=options).assign(method_asked=m) for m in methods]
+    return pd.concat(frames, ignore_index=True)
+
+
+__all__ = ["CAUSES", "COLUMNS", "METHODS", "STATUSES", "audit_records", "audit_methods", "classify", "compare",
+           "describe", "drilldown", "mode_of"]
