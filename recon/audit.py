@@ -282,7 +282,7 @@ def audit_records(
 def describe(row, tok) -> str:
     """One line in the seed's words: where a sample differs, and what each side has there."""
     if row["status"] != "mismatch":
-        return f"sample {row['id']}: {row['status']}" + (f" ({row['error']})" if row["error"] else "")
+        return f"sample {row['id']}: {row['status']}" + (f" ({row['error']})" if pd.notna(row["error"]) else "")
     def text(i):
         return "(end)" if i is None or pd.isna(i) else repr(tok.id_to_bytes(int(i)).decode("utf-8", "replace")) + f" ({int(i)})"
     return (f"sample {row['id']} differs at position {int(row['first_diff'])} of {int(row['len_truth'])}: "

@@ -21,7 +21,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 def test_there_are_params_and_notebooks():
     assert {p.stem for p in PARAMS} >= {"smollm2", "deepseek-v4", "qwen3.6", "cl100k", "kimi-k2.5"}
-    assert "01_token_discovery" in {n.stem for n in NOTEBOOKS}
+    assert {"01_token_discovery", "02_roundtrip_audit", "03_mismatch_stats"} <= {n.stem for n in NOTEBOOKS}
 
 
 @pytest.mark.parametrize("params_path", PARAMS, ids=lambda p: p.stem)
@@ -66,6 +66,13 @@ def test_report_runs_every_params_file(tmp_path, kimi_dir):
         assert records["verdict"]["level"] == "PASS", (params_path.stem, records["verdict"])
         assert {r["content"]: r["actual_id"] for r in records["expected"]} == expected
         assert all(records["specials"][text] == i for text, i in expected.items())
+    # the audit notebooks on the bundled data: counts agree with a plain decode -> encode comparison
+    audit = read_records(tmp_path / "smollm2" / "02_roundtrip_audit.ipynb")
+    assert audit["plain_exact"] == audit["roundtrip_exact"] == audit["summary"]["exact"] == 28
+    assert audit["drilldown"].startswith("sample p001-0 differs at position 29 of 96: original 'it' (269)")
+    compared = read_records(tmp_path / "smollm2" / "03_mismatch_stats.ipynb")
+    assert compared["summary"]["exact"] == 171 and compared["summary"]["mismatched"] == 149
+    assert compared["method_comparison"]["logprobs"] == {"smollm2-t0.7": 1.0, "smollm2-t1.3": 1.0}
 
 
 def test_report_skips_a_user_tokenizer_that_is_not_configured(tmp_path):
