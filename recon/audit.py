@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from difflib import SequenceMatcher
+from itertools import accumulate
 from typing import Iterable, Sequence
 
 import pandas as pd
@@ -65,7 +66,7 @@ def mode_of(record: Record, mode: str = "auto") -> str:
 
 
 def _bytes(tok, ids: Sequence[int]) -> bytes:
-    return b"".join(tok.id_to_bytes(i) for i in ids)
+    return tok.ids_bytes(ids)
 
 
 def _is_whitespace_only_change(a: bytes, b: bytes) -> bool:
@@ -123,11 +124,37 @@ def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int
     return "other"
 
 
+def _resegmented(tok, truth: Sequence[int], recon: Sequence[int]) -> list[tuple[int, int, int, int]]:
+    """Stretches where two id lists over the same bytes are cut differently: between shared token
+    boundaries, wherever the ids differ. Linear, no alignment search."""
+    size = tok.token_lengths.__getitem__
+    t_ends = list(accumulate(map(size, truth)))
+    r_ends = list(accumulate(map(size, recon)))
+    shared = set(t_ends).intersection(r_ends)
+    out = []
+    i = j = 0
+    t_start = r_start = 0
+    for i_end, end in enumerate(t_ends, 1):
+        if end not in shared:
+            continue
+        j_end = j
+        while r_ends[j_end] != end:
+            j_end += 1
+        j_end += 1
+        if truth[i:i_end] != recon[j:j_end]:
+            out.append((i, i_end, j, j_end))
+        i, j = i_end, j_end
+    return out
+
+
 def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int], view: Response | None = None) -> list[Divergence]:
     """Every stretch where ``recon`` differs from ``truth``, with its cause, in order."""
     tok = bound.tok
     added = {t.id for t in tok.added_tokens}
     tool_spans = _tool_spans(bound, view)
+    if tok.ids_bytes(truth) == tok.ids_bytes(recon):
+        return [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans))
+                for i1, i2, j1, j2 in _resegmented(tok, truth, recon)]
     out = []
     ops = [op for op in SequenceMatcher(None, truth, recon, autojunk=False).get_opcodes()]
     a = 0
@@ -172,7 +199,7 @@ def _pieces(tok, ids: Sequence[int]) -> list[str]:
 
 
 def _context(tok, ids: Sequence[int], at: int) -> str:
-    return tok.decode(ids[max(0, at - 24) : at + 24])
+    return tok.ids_bytes(ids[max(0, at - 24) : at + 24]).decode("utf-8", "replace")
 
 
 def _flags(bound: BoundProfile, view: Response | None) -> list[str]:
@@ -210,7 +237,7 @@ def compare(bound: BoundProfile, record: Record, mode: str, view: Response | Non
                     len_truth=len(truth) if truth else None, flags=_flags(bound, view))
     if mode == "reconstruct-only" or truth is None:
         return _row(record, mode, rec.method, "unverified", len_recon=len(rec.ids), flags=_flags(bound, view))
-    base = dict(len_truth=len(truth), len_recon=len(rec.ids), last_id=truth[-1] if truth else None, flags=_flags(bound, view))
+    base = dict(len_truth=len(truth), len_recon=len(rec.ids), last_id=truth[-1] if truth else None)
     if list(rec.ids) == list(truth):
         return _row(record, mode, rec.method, "exact", **base)
     found = classify(bound, truth, rec.ids, view)
@@ -232,6 +259,22 @@ def compare(bound: BoundProfile, record: Record, mode: str, view: Response | Non
     )
 
 
+SCHEMA_TYPES = {
+    "first_diff": "int64", "rel_pos": "float64", "len_truth": "int64", "len_recon": "int64", "truth_id": "int64",
+    "recon_id": "int64", "last_id": "int64", "causes": "list<string>", "truth_window": "list<int64>",
+    "recon_window": "list<int64>", "truth_pieces": "list<string>", "recon_pieces": "list<string>", "flags": "list<string>",
+}
+
+
+def arrow_schema():
+    """The audit rows' Arrow schema (so chunks written one after another agree on types)."""
+    import pyarrow as pa
+
+    kinds = {"int64": pa.int64(), "float64": pa.float64(), "list<string>": pa.list_(pa.string()),
+             "list<int64>": pa.list_(pa.int64())}
+    return pa.schema([(c, kinds[SCHEMA_TYPES[c]] if c in SCHEMA_TYPES else pa.string()) for c in COLUMNS])
+
+
 def audit_records(
     records: Sequence[Record],
     bound: BoundProfile,
@@ -243,20 +286,38 @@ def audit_records(
 ) -> pd.DataFrame:
     """One row per record (see ``COLUMNS``); a record that fails is an ``error`` row, the rest go on.
     ``keep_ids`` adds a ``recon_ids`` column with each full reconstruction."""
+    rows = audit_rows(records, bound, method, mode=mode, options=options, keep_ids=keep_ids)
+    return pd.DataFrame(rows, columns=COLUMNS + (["recon_ids"] if keep_ids else []))
+
+
+def audit_rows(
+    records: Sequence[Record],
+    bound: BoundProfile,
+    method: str = "auto",
+    *,
+    mode: str = "auto",
+    options: ParseOptions | None = None,
+    keep_ids: bool = False,
+) -> list[dict]:
+    """:func:`audit_records` as plain dicts (what the streaming engine writes and Dask ships)."""
     tok = bound.tok
-    gaps = tok.gap_ids
+    gaps, size = tok.gap_ids, tok.vocab_size
     rows: list[dict | None] = [None] * len(records)
-    views: list[Response] = []
+    views: list[Response | None] = []
     slots: list[int] = []
     modes = [mode_of(r, mode) for r in records]
+    to_parse: list[int] = []  # positions in views of roundtrip records, decoded in one batch
     for k, (record, m) in enumerate(zip(records, modes)):
         try:
-            if record.output_ids is not None:
-                bad = next(((p, i) for p, i in enumerate(record.output_ids) if i >= tok.vocab_size or i < 0 or i in gaps), None)
-                if bad:
-                    raise ValueError(f"output_ids[{bad[0]}] = {bad[1]} is not a token of {tok.name}")
+            ids = record.output_ids
+            if ids is not None and ids and (max(ids) >= size or min(ids) < 0 or (gaps and not gaps.isdisjoint(ids))):
+                p, bad = next((p, i) for p, i in enumerate(ids) if i >= size or i < 0 or i in gaps)
+                raise ValueError(f"output_ids[{p}] = {bad} is not a token of {tok.name}")
             if m == "roundtrip":
-                view = bound.parse_ids(record.output_ids, options)
+                if ids is None:
+                    raise ValueError("mode 'roundtrip' needs output_ids, and the record has none")
+                to_parse.append(len(views))
+                view = None
             elif record.response is not None:
                 view = record.response
             else:
@@ -265,6 +326,9 @@ def audit_records(
             slots.append(k)
         except Exception as e:  # noqa: BLE001 - any failure on one record is reported on that record
             rows[k] = _row(record, m, method, "error", error=f"{type(e).__name__}: {e}")
+    if to_parse:
+        for v, view in zip(to_parse, bound.parse_ids_batch([records[slots[v]].output_ids for v in to_parse], options)):
+            views[v] = view
     results = reconstruct_batch(views, bound, method) if views else []
     recon_ids: list = [None] * len(records)
     for k, view, rec in zip(slots, views, results):
@@ -273,10 +337,10 @@ def audit_records(
             rows[k] = compare(bound, records[k], modes[k], view, rec)
         except Exception as e:  # noqa: BLE001
             rows[k] = _row(records[k], modes[k], rec.method, "error", error=f"{type(e).__name__}: {e}")
-    frame = pd.DataFrame(rows, columns=COLUMNS)
     if keep_ids:
-        frame["recon_ids"] = recon_ids
-    return frame
+        for row, ids in zip(rows, recon_ids):
+            row["recon_ids"] = ids
+    return rows
 
 
 def describe(row, tok) -> str:
@@ -312,5 +376,5 @@ def audit_methods(records: Sequence[Record], bound: BoundProfile, methods: Itera
     return pd.concat(frames, ignore_index=True)
 
 
-__all__ = ["CAUSES", "COLUMNS", "METHODS", "STATUSES", "audit_records", "audit_methods", "classify", "compare",
+__all__ = ["CAUSES", "COLUMNS", "METHODS", "STATUSES", "audit_records", "audit_rows", "audit_methods", "classify", "compare",
            "describe", "drilldown", "mode_of"]

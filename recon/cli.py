@@ -241,22 +241,25 @@ def _print_summary(summary: dict) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from . import stats
+    from .engine import audit_files
 
-    _, data, frame = _audit(args)
-    summary = stats.summary(frame)
-    summary["bad_records"] = data.bad_records
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        frame.to_parquet(out / "samples.parquet", index=False)
+    out = Path(args.out) if args.out else None
+    run = audit_files(
+        args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
+        mode=args.mode, options=_parse_options(args), chunk_size=args.chunk_size,
+        rows_path=out / "samples.parquet" if out else None, dask=args.dask,
+    )
+    _print_errors(run.errors)
+    summary = run.summary
+    summary["bad_records"] = len({(e.path, e.line) for e in run.errors})
+    if out:
         (out / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     if args.json:
         print(json.dumps(summary, ensure_ascii=False))
     else:
         _print_summary(summary)
-        if args.out:
-            print(f"per-sample results: {Path(args.out) / 'samples.parquet'}; summary: {Path(args.out) / 'summary.json'}")
+        if out:
+            print(f"per-sample results: {out / 'samples.parquet'}; summary: {out / 'summary.json'}")
     return 0
 
 
@@ -316,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit_arguments(p)
     p.add_argument("--out", help="folder for samples.parquet and summary.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--chunk-size", type=int, default=10_000, help="records per batch (memory holds one per worker)")
+    p.add_argument("--dask", metavar="ADDRESS", help="run on a Dask cluster: 'local' (LocalCluster) or tcp://scheduler:8786")
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("export", help="the training-ready dataset: ids, status, cause and a keep flag")

@@ -291,7 +291,12 @@ class BoundProfile:
                         reasoning_content=reasoning, tool_calls=calls or None, finish_reason=finish)
 
     def parse_ids(self, ids: list[int], options: ParseOptions | None = None) -> Response:
+        return self.parse_ids_batch([ids], options)[0]
+
+    def parse_ids_batch(self, batch: list[list[int]], options: ParseOptions | None = None) -> list[Response]:
+        """:meth:`parse_text` over many outputs, decoded in one batch."""
         if options is not None and options.skip_special_tokens:
             keep = set(self.special_ids.values())
-            ids = [i for i in ids if i not in self.tok.special_ids or i in keep]
-        return self.parse_text(self.tok.decode(ids), options)
+            drop = self.tok.special_ids - keep
+            batch = [[i for i in ids if i not in drop] for ids in batch]
+        return [self.parse_text(text, options) for text in self.tok.decode_batch(batch)]

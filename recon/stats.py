@@ -3,33 +3,54 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
 from .audit import CAUSES, STATUSES
 
 
-def _counts(frame: pd.DataFrame) -> dict[str, Any]:
-    status = frame["status"].value_counts()
-    verified = int(status.get("exact", 0) + status.get("mismatch", 0))
-    by_cause = frame.loc[frame["status"] == "mismatch", "cause"].value_counts()
-    return {
-        "samples": int(len(frame)),
-        "exact": int(status.get("exact", 0)),
-        "mismatched": int(status.get("mismatch", 0)),
-        "errors": int(status.get("error", 0)),
-        "unverified": int(status.get("unverified", 0)),
-        "exact_rate": round(float(status.get("exact", 0)) / verified, 6) if verified else None,
-        "by_cause": {c: int(by_cause.get(c, 0)) for c in CAUSES if by_cause.get(c, 0)},
-    }
+class Tally:
+    """Counts by dataset, status and cause, added chunk by chunk: a streaming audit's summary in
+    constant memory."""
+
+    def __init__(self) -> None:
+        self.by_dataset: dict[str, Counter] = {}
+
+    def add(self, rows: pd.DataFrame | Iterable[Mapping]) -> "Tally":
+        """Count audit rows (a DataFrame, or the dicts :func:`recon.audit.audit_rows` returns)."""
+        triples = (zip(rows["dataset"], rows["status"], rows["cause"]) if isinstance(rows, pd.DataFrame)
+                   else ((r["dataset"], r["status"], r["cause"]) for r in rows))
+        for dataset, status, cause in triples:
+            counter = self.by_dataset.setdefault(str(dataset), Counter())
+            counter[status] += 1
+            if status == "mismatch":
+                counter["cause:" + str(cause)] += 1
+        return self
+
+    @staticmethod
+    def _counts(counter: Counter) -> dict[str, Any]:
+        verified = counter["exact"] + counter["mismatch"]
+        return {
+            "samples": sum(counter[s] for s in STATUSES),
+            "exact": counter["exact"],
+            "mismatched": counter["mismatch"],
+            "errors": counter["error"],
+            "unverified": counter["unverified"],
+            "exact_rate": round(counter["exact"] / verified, 6) if verified else None,
+            "by_cause": {c: counter["cause:" + c] for c in CAUSES if counter["cause:" + c]},
+        }
+
+    def summary(self) -> dict[str, Any]:
+        total = sum(self.by_dataset.values(), Counter())
+        out = self._counts(total)
+        out["datasets"] = {name: self._counts(c) for name, c in sorted(self.by_dataset.items())}
+        return out
 
 
 def summary(frame: pd.DataFrame) -> dict[str, Any]:
     """``{"samples", "exact", "mismatched", "errors", "unverified", "exact_rate", "by_cause", "datasets": {...}}``."""
-    out = _counts(frame)
-    out["datasets"] = {str(name): _counts(group) for name, group in frame.groupby("dataset", sort=True)}
-    return out
+    return Tally().add(frame).summary()
 
 
 def status_table(frame: pd.DataFrame) -> pd.DataFrame:

@@ -89,15 +89,29 @@ class Tokenizer(ABC):
         return {t.content: t for t in self.added_tokens}
 
     @cached_property
-    def gap_ids(self) -> frozenset[int]:
-        """Ids below ``vocab_size`` that no token holds (decoding them fails)."""
-        gaps = set()
+    def token_bytes(self) -> list[bytes]:
+        """``token_bytes[id]`` is the token's bytes (``b""`` for a gap): a table for fast joins."""
+        table = []
         for i in range(self.vocab_size):
             try:
-                self.id_to_bytes(i)
+                table.append(self.id_to_bytes(i))
             except KeyError:
-                gaps.add(i)
-        return frozenset(gaps)
+                table.append(b"")
+        return table
+
+    @cached_property
+    def token_lengths(self) -> list[int]:
+        """``token_lengths[id]``: the token's length in bytes."""
+        return [len(b) for b in self.token_bytes]
+
+    def ids_bytes(self, ids: Sequence[int]) -> bytes:
+        """The exact bytes of a sequence of ids (no UTF-8 decoding, nothing replaced)."""
+        return b"".join(map(self.token_bytes.__getitem__, ids))
+
+    @cached_property
+    def gap_ids(self) -> frozenset[int]:
+        """Ids below ``vocab_size`` that no token holds (decoding them fails)."""
+        return frozenset(i for i, data in enumerate(self.token_bytes) if not data)
 
     @cached_property
     def special_ids(self) -> frozenset[int]:

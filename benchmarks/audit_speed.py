@@ -1,0 +1,148 @@
+"""Audit speed and memory: recon against the naive loop and against the tokenizer's floor.
+
+In one run, on the same data (the bundled SmolLM2 samples repeated to --samples, ids only, so
+every sample is audited in roundtrip mode: decode, parse, re-encode, compare, explain):
+
+  (a) naive  — what people write by hand: a Python loop over transformers' decode then encode;
+  (b) floor  — one batched decode plus one batched encode in the tokenizer's native core, no comparison;
+  (c) recon  — recon's audit engine (chunks of --chunk-size), with a cause for every mismatch.
+
+Prints samples/s, MB/s (of decoded text) and the ratios (a)/(c) and (c)/(b); then the peak
+memory of `recon audit` on a 10k-sample file and on a 1M-sample file, and their ratio.
+Targets (issue 6): (c)/(b) <= 1.3, (a)/(c) >= 3, peak(1M)/peak(10k) <= 1.2.
+
+    python benchmarks/audit_speed.py                      # 100k samples, memory at 10k and 1M
+    python benchmarks/audit_speed.py --samples 20000 --memory-samples 10000,100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bundled_ids() -> list[tuple[str, list[int]]]:
+    from recon.records import read_records
+
+    records = read_records(sorted((ROOT / "data").glob("smollm2-t*.jsonl"))).records
+    return [(r.dataset, r.output_ids) for r in records]
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def speed(n: int, chunk: int) -> dict:
+    from transformers import PreTrainedTokenizerFast
+
+    from recon import load_tokenizer
+    from recon.audit import audit_rows
+    from recon.profiles import load_profile
+    from recon.records import Record
+    from recon.stats import Tally
+
+    tok = load_tokenizer("smollm2")
+    bound = load_profile("chatml").bind(tok)
+    base = bundled_ids()
+    ids = [base[k % len(base)][1] for k in range(n)]
+    records = [Record(str(k), base[k % len(base)][0], ids[k]) for k in range(n)]
+    tok.token_bytes  # build lookup tables outside the timed region (once per process, not per sample)
+    tok.gap_ids
+    naive_tok = PreTrainedTokenizerFast(tokenizer_object=tok.core)
+
+    def naive():
+        same = 0
+        for sample in ids:
+            text = naive_tok.decode(sample)
+            same += naive_tok.encode(text, add_special_tokens=False) == sample
+        return same
+
+    def floor():
+        texts = tok.core.decode_batch(ids, skip_special_tokens=False)
+        tok.core.encode_batch_fast(texts, add_special_tokens=False)
+        return sum(map(len, (t.encode() for t in texts)))
+
+    def recon():
+        tally = Tally()
+        for start in range(0, n, chunk):
+            tally.add(audit_rows(records[start : start + chunk], bound, "concat"))
+        return tally.summary()
+
+    t_naive, naive_exact = timed(naive)
+    t_floor, text_bytes = timed(floor)
+    t_recon, summary = timed(recon)
+    assert summary["exact"] == naive_exact, (summary["exact"], naive_exact)  # the same answer
+    return {"samples": n, "text_mb": text_bytes / 1e6, "naive_s": t_naive, "floor_s": t_floor, "recon_s": t_recon,
+            "exact": summary["exact"], "by_cause": summary["by_cause"]}
+
+
+def write_ids_file(path: Path, n: int) -> None:
+    base = bundled_ids()
+    with open(path, "w") as f:
+        for k in range(n):
+            dataset, ids = base[k % len(base)]
+            f.write(json.dumps({"id": str(k), "dataset": dataset, "output_ids": ids}, separators=(",", ":")) + "\n")
+
+
+def peak_rss_mb(path: Path, chunk: int) -> tuple[float, float]:
+    """Peak resident memory (MB) and wall time of `recon audit` on one file, in a fresh process."""
+    probe = (
+        "import resource, subprocess, sys, time; t = time.perf_counter(); "
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, time.perf_counter() - t)"
+    )
+    cmd = [sys.executable, "-c", probe, sys.executable, "-m", "recon.cli", "audit", str(path), "--tokenizer", "smollm2",
+           "--profile", "chatml", "--method", "concat", "--chunk-size", str(chunk), "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument("--chunk-size", type=int, default=10_000)
+    parser.add_argument("--memory-samples", default="10000,1000000", help="two sizes, comma-separated ('' to skip)")
+    args = parser.parse_args()
+
+    import tokenizers
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"tokenizers {tokenizers.__version__}, TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', '(unset)')}")
+    r = speed(args.samples, args.chunk_size)
+    print(f"\n{r['samples']} samples, {r['text_mb']:.1f} MB of text, {r['exact']} exact; mismatches: {r['by_cause']}")
+    print(f"{'':8} {'seconds':>9} {'samples/s':>11} {'MB/s':>7}")
+    for name in ("naive", "floor", "recon"):
+        t = r[f"{name}_s"]
+        print(f"{name:8} {t:9.2f} {r['samples'] / t:11.0f} {r['text_mb'] / t:7.1f}")
+    a_c, c_b = r["naive_s"] / r["recon_s"], r["recon_s"] / r["floor_s"]
+    print(f"\n(a)/(c) naive/recon = {a_c:.2f}   target >= 3    {'MET' if a_c >= 3 else 'NOT MET'}")
+    print(f"(c)/(b) recon/floor = {c_b:.2f}   target <= 1.3  {'MET' if c_b <= 1.3 else 'NOT MET'}")
+
+    if args.memory_samples:
+        small, large = (int(x) for x in args.memory_samples.split(","))
+        with tempfile.TemporaryDirectory() as tmp:
+            peaks = {}
+            for n in (small, large):
+                path = Path(tmp) / f"ids-{n}.jsonl"
+                write_ids_file(path, n)
+                peaks[n] = peak_rss_mb(path, args.chunk_size)
+                path.unlink()
+                print(f"recon audit, {n:>8} samples: peak {peaks[n][0]:7.1f} MB, {peaks[n][1]:6.1f} s")
+        ratio = peaks[large][0] / peaks[small][0]
+        print(f"peak({large})/peak({small}) = {ratio:.3f}   target <= 1.2  {'MET' if ratio <= 1.2 else 'NOT MET'}")
+
+
+if __name__ == "__main__":
+    main()
