@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from difflib import SequenceMatcher
+from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import Iterable, Sequence
 
@@ -100,9 +101,15 @@ def _same_json(a: bytes, b: bytes) -> bool:
 MERGE_SPAN = 8
 
 
-def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int, added: set, tool_spans) -> str:
+def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int, added: frozenset, tool_spans,
+           same_bytes: bool = False) -> str:
     tok, end = bound.tok, bound.end_id
     t_ids, r_ids = truth[i1:i2], recon[j1:j2]
+    if same_bytes:  # a re-segmented stretch: only which side holds an added token matters
+        t_special, r_special = not added.isdisjoint(t_ids), not added.isdisjoint(r_ids)
+        if r_special and not t_special:
+            return "special_text_collision"
+        return "special_token_mismatch" if t_special else "non_canonical_bpe"
     t_bytes, r_bytes = _bytes(tok, t_ids), _bytes(tok, r_ids)
     t_special = [i for i in t_ids if i in added]
     r_special = [i for i in r_ids if i in added]
@@ -125,38 +132,68 @@ def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int
 
 
 def _resegmented(tok, truth: Sequence[int], recon: Sequence[int]) -> list[tuple[int, int, int, int]]:
-    """Stretches where two id lists over the same bytes are cut differently: between shared token
-    boundaries, wherever the ids differ. Linear, no alignment search."""
+    """Stretches where two id lists over the same bytes are cut differently.
+
+    A token boundary (byte offset) that only one side has lies inside such a stretch; the stretch
+    runs between the nearest boundaries both sides share. Only those odd boundaries are visited."""
     size = tok.token_lengths.__getitem__
     t_ends = list(accumulate(map(size, truth)))
     r_ends = list(accumulate(map(size, recon)))
-    shared = set(t_ends).intersection(r_ends)
-    out = []
-    i = j = 0
-    t_start = r_start = 0
-    for i_end, end in enumerate(t_ends, 1):
-        if end not in shared:
+    t_set, r_set = set(t_ends), set(r_ends)
+    shared = sorted(t_set & r_set)
+    out: list[tuple[int, int, int, int]] = []
+    last_hi = -1
+    for b in sorted(t_set ^ r_set):
+        if b <= last_hi:
             continue
-        j_end = j
-        while r_ends[j_end] != end:
-            j_end += 1
-        j_end += 1
-        if truth[i:i_end] != recon[j:j_end]:
-            out.append((i, i_end, j, j_end))
-        i, j = i_end, j_end
+        k = bisect_left(shared, b)
+        lo = shared[k - 1] if k else 0
+        hi = shared[k]  # the total length is shared, so there is always one after
+        out.append((bisect_right(t_ends, lo), bisect_right(t_ends, hi), bisect_right(r_ends, lo), bisect_right(r_ends, hi)))
+        last_hi = hi
     return out
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the longest common prefix of two byte strings (binary search over slice compares)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _shared_cut(tok, truth: Sequence[int], recon: Sequence[int], limit: int) -> tuple[int, int]:
+    """Token counts (truth, recon) at the last byte offset <= ``limit`` where both have a boundary."""
+    size = tok.token_lengths.__getitem__
+    t_ends = list(accumulate(map(size, truth)))
+    r_ends = list(accumulate(map(size, recon)))
+    shared = set(t_ends[: bisect_right(t_ends, limit)]).intersection(r_ends[: bisect_right(r_ends, limit)])
+    if not shared:
+        return 0, 0
+    at = max(shared)
+    return bisect_right(t_ends, at), bisect_right(r_ends, at)
 
 
 def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int], view: Response | None = None) -> list[Divergence]:
     """Every stretch where ``recon`` differs from ``truth``, with its cause, in order."""
     tok = bound.tok
-    added = {t.id for t in tok.added_tokens}
+    added = tok.added_ids
     tool_spans = _tool_spans(bound, view)
-    if tok.ids_bytes(truth) == tok.ids_bytes(recon):
-        return [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans))
+    t_bytes, r_bytes = tok.ids_bytes(truth), tok.ids_bytes(recon)
+    if t_bytes == r_bytes:
+        return [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans, same_bytes=True))
                 for i1, i2, j1, j2 in _resegmented(tok, truth, recon)]
-    out = []
-    ops = [op for op in SequenceMatcher(None, truth, recon, autojunk=False).get_opcodes()]
+    # the bytes differ from some offset on: re-segmented stretches before the last token boundary
+    # both sides share there are found by the byte walk, the rest by alignment
+    cut_t, cut_r = _shared_cut(tok, truth, recon, _common_prefix(t_bytes, r_bytes))
+    out = [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans, same_bytes=True))
+           for i1, i2, j1, j2 in _resegmented(tok, truth[:cut_t], recon[:cut_r])]
+    ops = [(tag, i1 + cut_t, i2 + cut_t, j1 + cut_r, j2 + cut_r)
+           for tag, i1, i2, j1, j2 in SequenceMatcher(None, truth[cut_t:], recon[cut_r:], autojunk=False).get_opcodes()]
     a = 0
     while a < len(ops):
         tag, i1, i2, j1, j2 = ops[a]
@@ -168,7 +205,7 @@ def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int], vi
         for b in range(a, min(a + MERGE_SPAN, len(ops))):
             _, _, bi2, _, bj2 = ops[b]
             if ops[b][0] != "equal" and _bytes(tok, truth[i1:bi2]) == _bytes(tok, recon[j1:bj2]):
-                if not any(i in added for i in (*truth[i1:bi2], *recon[j1:bj2])):
+                if added.isdisjoint(truth[i1:bi2]) and added.isdisjoint(recon[j1:bj2]):
                     i2, j2, a = bi2, bj2, b
                 break
         out.append(Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans)))
@@ -195,7 +232,7 @@ def _widen_tool_calls(bound, truth, recon, found: list[Divergence], tool_spans) 
 
 
 def _pieces(tok, ids: Sequence[int]) -> list[str]:
-    return [tok.id_to_piece(i) or f"<{i}>" for i in ids]
+    return list(map(tok.pieces.__getitem__, ids))
 
 
 def _context(tok, ids: Sequence[int], at: int) -> str:
@@ -221,8 +258,11 @@ def _flags(bound: BoundProfile, view: Response | None) -> list[str]:
     return flags
 
 
+_EMPTY_ROW = dict.fromkeys(COLUMNS)
+
+
 def _row(record: Record, mode: str, method: str, status: str, **kw) -> dict:
-    row = dict.fromkeys(COLUMNS)
+    row = _EMPTY_ROW.copy()
     row.update(id=record.id, dataset=record.dataset, mode=mode, method=method, status=status, causes=[], flags=[])
     row.update(kw)
     return row
@@ -238,7 +278,7 @@ def compare(bound: BoundProfile, record: Record, mode: str, view: Response | Non
     if mode == "reconstruct-only" or truth is None:
         return _row(record, mode, rec.method, "unverified", len_recon=len(rec.ids), flags=_flags(bound, view))
     base = dict(len_truth=len(truth), len_recon=len(rec.ids), last_id=truth[-1] if truth else None)
-    if list(rec.ids) == list(truth):
+    if rec.ids == truth:
         return _row(record, mode, rec.method, "exact", **base)
     found = classify(bound, truth, rec.ids, view)
     first = found[0]
@@ -249,8 +289,8 @@ def compare(bound: BoundProfile, record: Record, mode: str, view: Response | Non
         record, mode, rec.method, "mismatch", cause=first.cause, causes=[d.cause for d in found],
         first_diff=k, rel_pos=k / len(truth) if truth else None,
         truth_id=t_at, recon_id=r_at,
-        truth_piece=tok.id_to_piece(t_at) if t_at is not None else "(end)",
-        recon_piece=tok.id_to_piece(r_at) if r_at is not None else "(end)",
+        truth_piece=tok.pieces[t_at] if t_at is not None else "(end)",
+        recon_piece=tok.pieces[r_at] if r_at is not None else "(end)",
         truth_window=list(truth[max(0, k - WINDOW) : k + WINDOW]),
         recon_window=list(rec.ids[max(0, first.j1 - WINDOW) : first.j1 + WINDOW]),
         truth_pieces=_pieces(tok, truth[max(0, k - WINDOW) : k + WINDOW]),

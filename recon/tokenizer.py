@@ -100,6 +100,15 @@ class Tokenizer(ABC):
         return table
 
     @cached_property
+    def pieces(self) -> list[str]:
+        """``pieces[id]``: :meth:`id_to_piece` as a table (``"<id>"`` for an id no token holds)."""
+        return [self.id_to_piece(i) or f"<{i}>" for i in range(self.vocab_size)]
+
+    @cached_property
+    def added_ids(self) -> frozenset[int]:
+        return frozenset(t.id for t in self.added_tokens)
+
+    @cached_property
     def token_lengths(self) -> list[int]:
         """``token_lengths[id]``: the token's length in bytes."""
         return [len(b) for b in self.token_bytes]

@@ -195,7 +195,7 @@ def test_audit_cli_json_summary(tmp_path):
     summary = json.loads(run.stdout)
     assert {"samples", "exact", "mismatched", "errors", "by_cause", "datasets"} <= set(summary)
     assert (summary["samples"], summary["exact"], summary["mismatched"], summary["errors"]) == (320, 171, 149, 0)
-    assert summary["datasets"]["smollm2-t1.3"]["by_cause"] == {"non_canonical_bpe": 129, "invalid_utf8": 3}
+    assert summary["datasets"]["smollm2-t1.3"]["by_cause"] == {"non_canonical_bpe": 130, "invalid_utf8": 2}
     samples = pd.read_parquet(tmp_path / "samples.parquet")
     assert len(samples) == 320 and (samples["status"] == "exact").sum() == 171
     assert json.loads((tmp_path / "summary.json").read_text())["exact"] == 171
@@ -220,3 +220,10 @@ def test_export_policies(chatml, bundled, tmp_path):
                 "--policy", "exact-only", "--out", str(tmp_path / "train.parquet"))
     assert "wrote 160 samples" in run.stdout and "28 kept under policy exact-only" in run.stdout
     assert pd.read_parquet(tmp_path / "train.parquet")["keep"].sum() == 28
+
+
+def test_first_cause_is_the_earliest_divergence(chatml, bundled):
+    """A sample re-segmented early and cut inside a character at the end: both found, in order."""
+    rec = bundled["smollm2-t1.3"]["p008-0"]
+    row = one(audit_records([rec], chatml, "concat", mode="roundtrip"))
+    assert row.causes == ["non_canonical_bpe", "invalid_utf8"] and row.cause == "non_canonical_bpe" and row.first_diff == 4
