@@ -16,7 +16,6 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import yaml
 

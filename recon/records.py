@@ -125,8 +125,10 @@ def _ids(value: Any, name: str, vocab_size: int | None, p: _Problems, allow_empt
     if not value and not allow_empty:
         p.add(name, "empty")
         return None
+    if value and set(map(type, value)) == {int} and min(value) >= 0 and (vocab_size is None or max(value) < vocab_size):
+        return value  # the common case, checked at C speed; otherwise find the first bad item
     for k, i in enumerate(value):
-        if isinstance(i, bool) or not isinstance(i, int):
+        if type(i) is not int:
             p.add(name, f"item {k} is {i!r} ({type(i).__name__}), not an int")
             return None
         if i < 0 or (vocab_size is not None and i >= vocab_size):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import recon
 from recon import TokenizerLoadError, load_tokenizer
 from recon.tokenizer import MAX_RUN_CHARS, split_long_runs
 

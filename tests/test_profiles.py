@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
@@ -95,7 +94,7 @@ def test_concat_and_segments_agree_except_at_real_boundary_merges(name, bound):
     views = views_for(name, b)
     concat = reconstruct_batch(views, b, "concat")
     segments = reconstruct_batch(views, b, "segments")
-    for view, c, s in zip(views, concat, segments):
+    for c, s in zip(concat, segments):
         assert c.error is None and s.error is None
         if c.ids != s.ids:
             # same text, different segmentation: a merge across a piece boundary

@@ -13,7 +13,6 @@ import pytest
 
 from recon.client import chat
 from recon.errors import ReconError
-from recon.generate import LocalModel
 from recon.importers import from_chat_completion
 from recon.records import parse_record, read_records
 
