@@ -35,8 +35,12 @@ def iter_chunks(paths: Iterable[str | Path], size: int, *, vocab_size: int | Non
                 else:
                     yield item
     stream = good()
-    while chunk := list(islice(stream, size)):
+    while True:
+        chunk = list(islice(stream, size))
+        if not chunk:
+            return
         yield chunk
+        del chunk  # one chunk of records alive at a time, not two
 
 
 @lru_cache(maxsize=4)
@@ -119,6 +123,7 @@ def audit_files(
             if writer is not None:
                 writer.write_table(pa.Table.from_pylist(rows, schema=schema))
             bar.update(len(rows))
+            del rows
     finally:
         bar.close()
         if writer is not None:
@@ -137,7 +142,10 @@ def _chunks_audited(chunks: Iterator[list[Record]], client, args: tuple) -> Iter
     """Audited chunks in input order: here, or on the cluster with a bounded number in flight."""
     if client is None:
         for chunk in chunks:
-            yield audit_chunk(*args, chunk)
+            rows = audit_chunk(*args, chunk)
+            del chunk
+            yield rows
+            del rows
         return
     from collections import deque
 

@@ -61,7 +61,7 @@ def test_every_kind_of_bad_record_is_reported_and_good_ones_kept(tmp_path, token
     assert "item 1 is 49152, outside the vocabulary (0..49151)" in messages[6]
     assert messages[7].endswith("field output_ids: empty")
     assert "neither output_ids nor response" in messages[8]
-    assert "duplicate id 'g1' in dataset 'mixed' (first at line 1)" in messages[9]
+    assert "duplicate id 'g1' in dataset 'mixed' (an earlier line has it)" in messages[9]
     assert result.summary().startswith("3 good records, 12 bad")
 
 
@@ -113,3 +113,13 @@ def test_validate_cli_reports_each_problem_then_a_summary(tmp_path, tokenizers):
     assert run.returncode == 0
     assert run.stdout.strip() == "3 good records, 12 bad (output_ids: 6, (line): 2, id: 2, response: 1, response.tool_calls[0].function.arguments: 1)"
     assert len(run.stderr.strip().splitlines()) == 12 and "Traceback" not in run.stderr
+
+
+def test_seen_ids_stay_exact_across_flushes():
+    from recon.records import SeenIds
+
+    seen = SeenIds()
+    seen.FLUSH = 1000
+    assert all(seen.add("d", str(k)) for k in range(5000))
+    assert not any(seen.add("d", str(k)) for k in range(0, 5000, 7))
+    assert seen.add("other", "0") and not seen.add("other", "0")
