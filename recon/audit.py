@@ -7,16 +7,16 @@ The mode follows from the record:
 * *paired* — ``output_ids`` and ``response``: reconstruct from the response, compare;
 * *reconstruct-only* — only ``response``: no verdict (status ``unverified``), flags only.
 
-Each non-matching stretch of ids (``difflib`` opcodes over the two id lists) gets a cause; a
-sample's ``cause`` is its first divergence's, ``causes`` keeps them all.
+Each stretch where the ids differ gets a cause; a sample's ``cause`` is its first divergence's,
+``causes`` keeps them all. Where both sides spell the same bytes, stretches are found by a linear
+walk over token boundaries; only past the first differing byte does ``difflib`` align the ids.
 """
 
 from __future__ import annotations
 
-import json
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import Iterable, Sequence
 
@@ -89,13 +89,6 @@ def _tool_spans(bound: BoundProfile, view: Response | None) -> list[tuple[int, i
             inside = True
         pos += size
     return spans
-
-
-def _same_json(a: bytes, b: bytes) -> bool:
-    try:
-        return json.loads(a) == json.loads(b)
-    except (ValueError, UnicodeDecodeError):
-        return False
 
 
 MERGE_SPAN = 8

@@ -130,13 +130,7 @@ class Tokenizer(ABC):
     @cached_property
     def bytes_to_id(self) -> dict[bytes, int]:
         """Every token's exact bytes -> its id (the lowest id where two tokens share bytes)."""
-        table: dict[bytes, int] = {}
-        for i in range(self.vocab_size - 1, -1, -1):
-            try:
-                table[self.id_to_bytes(i)] = i
-            except KeyError:  # an id no token holds (a gap in the vocabulary)
-                continue
-        return table
+        return {data: i for i, data in reversed(list(enumerate(self.token_bytes))) if data}
 
     def __repr__(self) -> str:
         return (
