@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import pandas as pd
@@ -150,7 +151,8 @@ def test_property_random_ids_never_crash_the_audit(name, tokenizers):
     bound = Profile("plain", end=END_TOKENS[name]).bind(tok)
     specials = [t.id for t in tok.added_tokens]
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=int(os.environ.get("RECON_HYPOTHESIS_EXAMPLES", 60)), deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(st.lists(st.one_of(st.integers(0, tok.vocab_size - 1), st.sampled_from(specials)), min_size=1, max_size=40),
                     min_size=1, max_size=6))
     def check(batch):
