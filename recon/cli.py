@@ -286,7 +286,11 @@ def _add_audit_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="recon", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="recon",
+        description="Which token ids did a language model sample? Check special tokens, reconstruct ids "
+                    "from API text, audit reconstructions against ground truth.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tokens", help="discover and check a tokenizer's special/added tokens")
