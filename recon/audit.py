@@ -66,10 +66,6 @@ def mode_of(record: Record, mode: str = "auto") -> str:
     return "roundtrip" if record.output_ids is not None else "reconstruct-only"
 
 
-def _bytes(tok, ids: Sequence[int]) -> bytes:
-    return tok.ids_bytes(ids)
-
-
 def _is_whitespace_only_change(a: bytes, b: bytes) -> bool:
     if a == b:
         return False
@@ -103,7 +99,7 @@ def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int
         if r_special and not t_special:
             return "special_text_collision"
         return "special_token_mismatch" if t_special else "non_canonical_bpe"
-    t_bytes, r_bytes = _bytes(tok, t_ids), _bytes(tok, r_ids)
+    t_bytes, r_bytes = tok.ids_bytes(t_ids), tok.ids_bytes(r_ids)
     t_special = [i for i in t_ids if i in added]
     r_special = [i for i in r_ids if i in added]
     at_end = i2 == len(truth) and j2 == len(recon)
@@ -117,10 +113,10 @@ def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int
         return "non_canonical_bpe"
     if REPLACEMENT in r_bytes and REPLACEMENT not in t_bytes:
         return "invalid_utf8"
+    if tool_spans and _in_spans(len(tok.ids_bytes(recon[:j1])), len(r_bytes), tool_spans):
+        return "tool_call_format"  # re-serialized arguments differ in whitespace too: the call is the cause
     if _is_whitespace_only_change(t_bytes, r_bytes):
         return "whitespace_trim"
-    if tool_spans and _in_spans(len(_bytes(tok, recon[:j1])), len(r_bytes), tool_spans):
-        return "tool_call_format"
     return "other"
 
 
@@ -197,31 +193,18 @@ def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int], vi
         # grow the stretch over the next few opcodes while that makes both sides the same bytes
         for b in range(a, min(a + MERGE_SPAN, len(ops))):
             _, _, bi2, _, bj2 = ops[b]
-            if ops[b][0] != "equal" and _bytes(tok, truth[i1:bi2]) == _bytes(tok, recon[j1:bj2]):
+            if ops[b][0] != "equal" and tok.ids_bytes(truth[i1:bi2]) == tok.ids_bytes(recon[j1:bj2]):
                 if added.isdisjoint(truth[i1:bi2]) and added.isdisjoint(recon[j1:bj2]):
                     i2, j2, a = bi2, bj2, b
                 break
         out.append(Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans)))
         a += 1
-    return _widen_tool_calls(bound, truth, recon, out, tool_spans)
+    return out
 
 
 def _in_spans(start: int, size: int, spans: list[tuple[int, int]]) -> bool:
     end = start + max(size, 1)
     return any(s < end and start < e for s, e in spans)
-
-
-def _widen_tool_calls(bound, truth, recon, found: list[Divergence], tool_spans) -> list[Divergence]:
-    """Re-serialized arguments differ in whitespace or escapes inside JSON: call it tool_call_format."""
-    if not tool_spans:
-        return found
-    tok = bound.tok
-    for d in found:
-        if d.cause in ("whitespace_trim", "other"):
-            start = len(_bytes(tok, recon[: d.j1]))
-            if _in_spans(start, len(_bytes(tok, recon[d.j1 : d.j2])), tool_spans):
-                d.cause = "tool_call_format"
-    return found
 
 
 def _pieces(tok, ids: Sequence[int]) -> list[str]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .errors import ReconError, SpecialTokenMismatch
+from .io import bad_record_count
 
 TABLE_COLUMNS = ["id", "content", "special", "roles", "config_check", "roundtrip"]
 
@@ -121,8 +122,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     result = import_file(args.kind, args.inputs, args.out, dataset=args.dataset)
     _print_errors(result.errors)
-    bad = len({(e.path, e.line) for e in result.errors})
-    print(f"wrote {result.records} records to {args.out}; {bad} bad input lines")
+    print(f"wrote {result.records} records to {args.out}; {bad_record_count(result.errors)} bad input lines")
     return 0 if result.records else 2
 
 
@@ -186,18 +186,15 @@ def _add_parse_options(p: argparse.ArgumentParser) -> None:
 def cmd_reconstruct(args: argparse.Namespace) -> int:
     from . import load_tokenizer
     from .profiles import load_profile
-    from .reconstruct import reconstruct_batch, view_of
+    from .reconstruct import reconstruct_records
     from .records import read_records, write_records
 
     tok = load_tokenizer(args.tokenizer, family=args.family)
     bound = load_profile(args.profile).bind(tok)
     data = read_records(args.data, vocab_size=tok.vocab_size)
     _print_errors(data.errors)
-    options = _parse_options(args)
-    views, extras = [], []
-    for rec in data.records:
-        views.append(view_of(rec, bound, options))
-    results = reconstruct_batch(views, bound, args.method)
+    results = reconstruct_records(data.records, bound, args.method, _parse_options(args))
+    extras = []
     for res in results:
         extra = {"recon_ids": res.ids, "recon_method": res.method}
         if res.coverage is not None:
@@ -251,7 +248,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     )
     _print_errors(run.errors)
     summary = run.summary
-    summary["bad_records"] = len({(e.path, e.line) for e in run.errors})
+    summary["bad_records"] = bad_record_count(run.errors)
     if out:
         (out / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     if args.json:

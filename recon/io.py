@@ -28,6 +28,11 @@ class RecordError:
         return f"{self.path}, line {self.line}{field}: {self.problem}"
 
 
+def bad_record_count(errors: list[RecordError]) -> int:
+    """Records with at least one problem (a record may have several)."""
+    return len({(e.path, e.line) for e in errors})
+
+
 def iter_json_lines(path: str | Path, *, allow_arrays: bool = False) -> Iterator[tuple[int, dict | list | RecordError]]:
     """(line number, parsed object or RecordError) for each non-blank line, streaming.
     With ``allow_arrays`` a line may also hold a JSON array (a batched server response)."""

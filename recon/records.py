@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .errors import ReconError
-from .io import RecordError, iter_json_lines
+from .io import RecordError, bad_record_count, iter_json_lines
 
 
 @dataclass
@@ -322,7 +322,7 @@ class ReadResult:
     @property
     def bad_records(self) -> int:
         """Records with at least one problem (a record may have several)."""
-        return len({(e.path, e.line) for e in self.errors})
+        return bad_record_count(self.errors)
 
     def summary(self) -> str:
         fields = Counter(e.field or "(line)" for e in self.errors)

@@ -131,13 +131,11 @@ def check_expected(tok: Tokenizer, expected: Mapping[str, int]) -> pd.DataFrame:
     for content, want in expected.items():
         added = tok.added_by_content.get(content)
         actual = added.id if added is not None else None
-        try:
-            at_expected = tok.decode([int(want)]) if 0 <= int(want) < tok.vocab_size else None
-        except Exception:  # an id inside the vocabulary range that no token holds
-            at_expected = None
+        want = int(want)
+        holds_token = 0 <= want < tok.vocab_size and want not in tok.gap_ids
+        at_expected = tok.decode([want]) if holds_token else None
         rows.append(
-            dict(content=content, expected_id=int(want), actual_id=actual, text_at_expected_id=at_expected,
-                 ok=actual == int(want))
+            dict(content=content, expected_id=want, actual_id=actual, text_at_expected_id=at_expected, ok=actual == want)
         )
     table = pd.DataFrame(rows, columns=["content", "expected_id", "actual_id", "text_at_expected_id", "ok"])
     table["actual_id"] = table["actual_id"].astype("Int64")
