@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import Iterable, Sequence
 
 import pandas as pd
@@ -143,6 +143,72 @@ def _resegmented(tok, truth: Sequence[int], recon: Sequence[int]) -> list[tuple[
     return out
 
 
+def _resegmented_batch(tok, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[tuple[int, int, int, int]] | None]:
+    """:func:`_resegmented` for many (truth, recon) pairs at once, or None for a pair whose bytes differ.
+
+    The pairs are laid end to end, so every pair's byte offsets are one increasing array per side
+    and the boundaries both sides share come from one ``numpy.intersect1d``. Between two shared
+    boundaries each side holds one token (the same one, or the sides differ there) or several (a
+    re-segmented stretch). The bytes themselves are compared position by position, vectorized too."""
+    import numpy as np
+
+    out: list[list[tuple[int, int, int, int]] | None] = [None] * len(pairs)
+    lengths = tok.length_array
+    t_count = np.fromiter(map(len, (t for t, _ in pairs)), np.int64, len(pairs))
+    r_count = np.fromiter(map(len, (r for _, r in pairs)), np.int64, len(pairs))
+    t_flat = np.fromiter(chain.from_iterable(t for t, _ in pairs), np.int64, int(t_count.sum()))
+    r_flat = np.fromiter(chain.from_iterable(r for _, r in pairs), np.int64, int(r_count.sum()))
+    t_len, r_len = lengths[t_flat], lengths[r_flat]
+    t_start = np.concatenate(([0], np.cumsum(t_count)))
+    r_start = np.concatenate(([0], np.cumsum(r_count)))
+    t_cum = np.concatenate(([0], np.cumsum(t_len)))
+    r_cum = np.concatenate(([0], np.cumsum(r_len)))
+    t_empty = np.concatenate(([0], np.cumsum(t_len == 0)))
+    r_empty = np.concatenate(([0], np.cumsum(r_len == 0)))
+    # a pair can be a pure re-segmentation when both sides spell as many bytes and no token is empty
+    fits = ((t_cum[t_start[1:]] - t_cum[t_start[:-1]]) == (r_cum[r_start[1:]] - r_cum[r_start[:-1]])) \
+        & (t_count > 0) & (r_count > 0) \
+        & (t_empty[t_start[1:]] == t_empty[t_start[:-1]]) & (r_empty[r_start[1:]] == r_empty[r_start[:-1]])
+    t_kept = fits[np.repeat(np.arange(len(pairs)), t_count)]  # per token: is its pair kept?
+    r_kept = fits[np.repeat(np.arange(len(pairs)), r_count)]
+    t_ids, r_ids = t_flat[t_kept], r_flat[r_kept]
+    # laid end to end, kept pairs start and end at the same byte offsets on both sides
+    t_bytes, r_bytes = _flat_bytes(tok, t_ids), _flat_bytes(tok, r_ids)
+    keep = np.flatnonzero(fits)
+    pair_bytes = np.cumsum((t_cum[t_start[1:]] - t_cum[t_start[:-1]])[keep])
+    changed = np.unique(np.searchsorted(pair_bytes, np.flatnonzero(t_bytes != r_bytes), side="right"))
+    fits[keep[changed]] = False  # same length, other bytes: not a re-segmentation
+    t_pair, r_pair = np.repeat(keep, t_count[keep]), np.repeat(keep, r_count[keep])
+    t_end, r_end = np.cumsum(t_len[t_kept]), np.cumsum(r_len[r_kept])
+    _, ti, ri = np.intersect1d(t_end, r_end, assume_unique=True, return_indices=True)
+    t_prev = np.concatenate(([-1], ti[:-1]))
+    r_prev = np.concatenate(([-1], ri[:-1]))
+    one_each = ((ti - t_prev) == 1) & ((ri - r_prev) == 1)
+    odd = np.flatnonzero(~one_each | (t_ids[ti] != r_ids[ri]))  # stretches (two ids, same bytes: one too)
+    pair_of = t_pair[ti[odd]]
+    first_t = np.searchsorted(t_pair, pair_of)  # where each pair's tokens begin in the kept arrays
+    first_r = np.searchsorted(r_pair, pair_of)
+    i1, i2 = (t_prev[odd] + 1 - first_t).tolist(), (ti[odd] + 1 - first_t).tolist()
+    j1, j2 = (r_prev[odd] + 1 - first_r).tolist(), (ri[odd] + 1 - first_r).tolist()
+    for k in np.flatnonzero(fits).tolist():
+        out[k] = []
+    for p, a, b, c, d in zip(pair_of.tolist(), i1, i2, j1, j2):
+        if out[p] is not None:
+            out[p].append((a, b, c, d))
+    return out
+
+
+def _flat_bytes(tok, ids):
+    """The bytes of ``ids`` end to end, as a numpy uint8 array."""
+    import numpy as np
+
+    table, offsets = tok.byte_table
+    lens = tok.length_array[ids]
+    ends = np.cumsum(lens)
+    index = np.repeat(offsets[ids] - (ends - lens), lens) + np.arange(int(ends[-1]) if len(ends) else 0)
+    return table[index]
+
+
 def _common_prefix(a: bytes, b: bytes) -> int:
     """Length of the longest common prefix of two byte strings (binary search over slice compares)."""
     lo, hi = 0, min(len(a), len(b))
@@ -167,10 +233,17 @@ def _shared_cut(tok, truth: Sequence[int], recon: Sequence[int], limit: int) -> 
     return bisect_right(t_ends, at), bisect_right(r_ends, at)
 
 
-def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int], view: Response | None = None) -> list[Divergence]:
-    """Every stretch where ``recon`` differs from ``truth``, with its cause, in order."""
+def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int], view: Response | None = None,
+             resegmented: list[tuple[int, int, int, int]] | None = None) -> list[Divergence]:
+    """Every stretch where ``recon`` differs from ``truth``, with its cause, in order.
+
+    ``resegmented``: the stretches, when the caller already knows both sides spell the same bytes
+    (from :func:`_resegmented_batch`)."""
     tok = bound.tok
     added = tok.added_ids
+    if resegmented is not None:
+        return [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, (), same_bytes=True))
+                for i1, i2, j1, j2 in resegmented]
     tool_spans = _tool_spans(bound, view)
     t_bytes, r_bytes = tok.ids_bytes(truth), tok.ids_bytes(recon)
     if t_bytes == r_bytes:
@@ -244,8 +317,9 @@ def _row(record: Record, mode: str, method: str, status: str, **kw) -> dict:
     return row
 
 
-def compare(bound: BoundProfile, record: Record, mode: str, view: Response | None, rec: Reconstruction) -> dict:
-    """One audit row for a record and its reconstruction."""
+def compare(bound: BoundProfile, record: Record, mode: str, view: Response | None, rec: Reconstruction,
+            resegmented: list[tuple[int, int, int, int]] | None = None) -> dict:
+    """One audit row for a record and its reconstruction (``resegmented``: see :func:`classify`)."""
     tok = bound.tok
     truth = record.output_ids
     if rec.error is not None or rec.ids is None:
@@ -256,7 +330,7 @@ def compare(bound: BoundProfile, record: Record, mode: str, view: Response | Non
     base = dict(len_truth=len(truth), len_recon=len(rec.ids), last_id=truth[-1] if truth else None)
     if rec.ids == truth:
         return _row(record, mode, rec.method, "exact", **base)
-    found = classify(bound, truth, rec.ids, view)
+    found = classify(bound, truth, rec.ids, view, resegmented)
     first = found[0]
     k = first.i1
     t_at = truth[first.i1] if first.i1 < len(truth) else None
@@ -347,10 +421,17 @@ def audit_rows(
             views[v] = view
     results = reconstruct_batch(views, bound, method) if views else []
     recon_ids: list = [None] * len(records)
-    for k, view, rec in zip(slots, views, results):
+    # mismatches that only re-segment the same bytes are located for the whole batch at once
+    differ = [v for v, (k, rec) in enumerate(zip(slots, results)) if rec.ids is not None and rec.error is None
+              and modes[k] != "reconstruct-only" and records[k].output_ids is not None and rec.ids != records[k].output_ids]
+    stretches: list = [None] * len(results)
+    if differ:
+        for v, found in zip(differ, _resegmented_batch(tok, [(records[slots[v]].output_ids, results[v].ids) for v in differ])):
+            stretches[v] = found
+    for k, view, rec, found in zip(slots, views, results, stretches):
         recon_ids[k] = rec.ids
         try:
-            rows[k] = compare(bound, records[k], modes[k], view, rec)
+            rows[k] = compare(bound, records[k], modes[k], view, rec, found)
         except Exception as e:  # noqa: BLE001
             rows[k] = _row(records[k], modes[k], rec.method, "error", error=f"{type(e).__name__}: {e}")
     if keep_ids:

@@ -1,9 +1,11 @@
 """The audit at scale: input streamed in chunks, rows written as they come, a summary in constant
 memory, optionally spread over a Dask cluster.
 
-The per-chunk work is :func:`recon.audit.audit_records`: one batched decode and one batched
-encode through the tokenizer's native core for the whole chunk, Python only for the comparison
-and for explaining mismatches. Memory holds one chunk (per worker), whatever the file size.
+The per-chunk work is :func:`recon.audit.audit_rows`: one batched decode through the tokenizer's
+native core, one batched encode through its word cache (:mod:`recon.wordcache`), mismatches
+located for the whole chunk at once. Chunks go to one worker process per core (or a Dask
+cluster); each sends back a tally and, when rows are kept, an Arrow table. Memory holds a few
+chunks in flight, whatever the file size.
 """
 
 from __future__ import annotations
@@ -53,8 +55,18 @@ def _bound(tokenizer: str, family: str | None, profile: str) -> BoundProfile:
 
 def audit_chunk(tokenizer: str, family: str | None, profile: str, method: str, mode: str,
                 options: ParseOptions | None, records: Sequence[Record]) -> list[dict]:
-    """Audit one chunk in whatever process runs this (the driver, or a Dask worker)."""
+    """Audit one chunk in whatever process runs this (the driver, or a worker)."""
     return audit_rows(records, _bound(tokenizer, family, profile), method, mode=mode, options=options)
+
+
+def audit_chunk_counted(args: tuple, with_rows: bool, records: Sequence[Record]):
+    """One chunk's :class:`Tally` and, if ``with_rows``, its rows as an Arrow table: what a worker
+    sends back (a few hundred bytes, or columnar rows that unpickle ~100x faster than dicts)."""
+    import pyarrow as pa
+
+    rows = audit_chunk(*args, records)
+    table = pa.Table.from_pylist(rows, schema=arrow_schema()) if with_rows else None
+    return Tally().add(rows), table, len(rows)
 
 
 @dataclass
@@ -79,8 +91,22 @@ def _dask_client(address: str):
         raise ReconError(f"cannot reach the Dask scheduler at {address} ({e})") from None
 
 
-def audit_files(
-    paths: Sequence[str | Path],
+def audit_files(paths: Sequence[str | Path], *, tokenizer: str, profile: str, family: str | None = None,
+                chunk_size: int = DEFAULT_CHUNK, **kw) -> AuditRun:
+    """Audit every record of ``paths``, streamed in chunks of ``chunk_size``; bad records are
+    reported in the run's ``errors`` and the rest go on. Keywords as for :func:`audit_stream`."""
+    bound = _bound(tokenizer, family, profile)  # fail fast on a bad spec or profile, before any work
+    errors: list[RecordError] = []
+    chunks = iter_chunks(paths, chunk_size, vocab_size=bound.tok.vocab_size, errors=errors)
+    run = audit_stream(chunks, tokenizer=tokenizer, profile=profile, family=family, **kw)
+    run.errors = errors
+    if not run.summary["samples"]:
+        raise ReconError(f"no usable records in {', '.join(map(str, paths))} ({len(errors)} bad)")
+    return run
+
+
+def audit_stream(
+    chunks: Iterable[Sequence[Record]],
     *,
     tokenizer: str,
     profile: str,
@@ -88,42 +114,40 @@ def audit_files(
     method: str = "auto",
     mode: str = "auto",
     options: ParseOptions | None = None,
-    chunk_size: int = DEFAULT_CHUNK,
     rows_path: str | Path | None = None,
     dask: str | None = None,
     client=None,
+    workers: int | None = None,
     progress: bool | None = None,
 ) -> AuditRun:
-    """Audit every record of ``paths`` chunk by chunk; write rows to ``rows_path`` (Parquet) if given.
+    """Audit chunks of records; write rows to ``rows_path`` (Parquet) if given, in input order.
 
+    Chunks go to ``workers`` processes on this machine (default: one per core; 1 = this process).
     ``dask``: ``"local"`` (a LocalCluster on this machine) or a scheduler address; or pass a
-    ``client``. Results are identical to the in-process run, in input order.
+    ``client``. Results are identical whichever runs them.
     """
-    import pyarrow as pa
     import pyarrow.parquet as pq
     from tqdm.auto import tqdm
 
-    bound = _bound(tokenizer, family, profile)  # fail fast on a bad spec or profile, before any work
-    errors: list[RecordError] = []
-    chunks = iter_chunks(paths, chunk_size, vocab_size=bound.tok.vocab_size, errors=errors)
+    _bound(tokenizer, family, profile)  # loaded here, so forked workers start with it
     tally = Tally()
     writer = None
-    schema = arrow_schema()
     if rows_path is not None:
         rows_path = Path(rows_path)
         rows_path.parent.mkdir(parents=True, exist_ok=True)
-        writer = pq.ParquetWriter(rows_path, schema)
+        writer = pq.ParquetWriter(rows_path, arrow_schema())
     bar = tqdm(desc="audit", unit="sample", disable=None if progress is None else not progress)
     own_client = client is None and dask is not None
     if own_client:
         client = _dask_client(dask)
+    args = (tokenizer, family, profile, method, mode, options)
     try:
-        for rows in _chunks_audited(chunks, client, (tokenizer, family, profile, method, mode, options)):
-            tally.add(rows)
+        for counted, table, n in _chunks_audited(iter(chunks), args, writer is not None, client, workers):
+            tally.merge(counted)
             if writer is not None:
-                writer.write_table(pa.Table.from_pylist(rows, schema=schema))
-            bar.update(len(rows))
-            del rows
+                writer.write_table(table)
+            bar.update(n)
+            del table
     finally:
         bar.close()
         if writer is not None:
@@ -133,27 +157,70 @@ def audit_files(
             client.close()
             if cluster is not None:
                 cluster.close()
-    if not tally.by_dataset:
-        raise ReconError(f"no usable records in {', '.join(map(str, paths))} ({len(errors)} bad)")
-    return AuditRun(tally.summary(), errors, rows_path)
+    return AuditRun(tally.summary(), [], rows_path)
 
 
-def _chunks_audited(chunks: Iterator[list[Record]], client, args: tuple) -> Iterator[list[dict]]:
-    """Audited chunks in input order: here, or on the cluster with a bounded number in flight."""
-    if client is None:
-        for chunk in chunks:
-            rows = audit_chunk(*args, chunk)
-            del chunk
-            yield rows
-            del rows
+def _chunks_audited(chunks: Iterator[list[Record]], args: tuple, with_rows: bool, client, workers: int | None):
+    """(tally, rows table or None, count) per chunk, in input order: in this process, in a pool of
+    worker processes, or on a Dask cluster, with a bounded number of chunks in flight."""
+    from functools import partial
+
+    work = partial(audit_chunk_counted, args, with_rows)
+    if client is not None:
+        limit = 2 * max(len(client.scheduler_info().get("workers", {})), 1)
+        yield from _bounded(chunks, lambda chunk: client.submit(work, chunk, pure=False), lambda f: f.result(), limit)
         return
+    workers = default_workers() if workers is None else workers
+    first = next(chunks, None)
+    if first is None:
+        return
+    second = next(chunks, None)
+    if workers <= 1 or second is None:  # one chunk (or one core): no processes to start
+        yield work(first)
+        if second is not None:
+            yield work(second)
+            for chunk in chunks:
+                yield work(chunk)
+        return
+    from itertools import chain
+
+    with _pool(workers) as pool:
+        yield from _bounded(chain([first, second], chunks), lambda chunk: pool.apply_async(work, (chunk,)),
+                            lambda r: r.get(), 2 * workers)
+
+
+def _bounded(chunks: Iterator, submit, result, limit: int):
+    """Results of ``submit(chunk)`` in order, at most ``limit`` chunks submitted and not yet taken."""
     from collections import deque
 
     in_flight: deque = deque()
-    limit = 2 * max(len(client.scheduler_info().get("workers", {})), 1)
     for chunk in chunks:
-        in_flight.append(client.submit(audit_chunk, *args, chunk, pure=False))
+        in_flight.append(submit(chunk))
+        del chunk
         if len(in_flight) >= limit:
-            yield in_flight.popleft().result()
+            yield result(in_flight.popleft())
     while in_flight:
-        yield in_flight.popleft().result()
+        yield result(in_flight.popleft())
+
+
+def default_workers() -> int:
+    """Worker processes for a local audit: the cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _pool(workers: int):
+    """A pool of worker processes. Forked where the platform allows, so workers start with the
+    tokenizer this process loaded (``_bound`` is cached) instead of loading it again."""
+    import multiprocessing as mp
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    return mp.get_context(method).Pool(workers, initializer=_worker_init)
+
+
+def _worker_init() -> None:
+    # a forked child must not reuse the parent's tokenizer thread pool; saying so up front also
+    # keeps `tokenizers` from printing its fork warning. Workers are the parallelism here.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -28,6 +28,12 @@ class Tally:
                 counter["cause:" + str(cause)] += 1
         return self
 
+    def merge(self, other: "Tally") -> "Tally":
+        """Add another tally's counts (a chunk counted elsewhere)."""
+        for dataset, counter in other.by_dataset.items():
+            self.by_dataset.setdefault(dataset, Counter()).update(counter)
+        return self
+
     @staticmethod
     def _counts(counter: Counter) -> dict[str, Any]:
         verified = counter["exact"] + counter["mismatch"]

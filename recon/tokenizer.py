@@ -14,6 +14,7 @@ Ids are assumed to be in the vocabulary; validating them is the input reader's j
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from abc import ABC, abstractmethod
@@ -23,7 +24,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .bytelevel import bytes_to_piece, piece_to_bytes
-from .families import TiktokenFamily
+from .families import FAMILIES, TiktokenFamily
+from .wordcache import WordCache
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,30 @@ class Tokenizer(ABC):
         """Ids for ``text``; with ``allow_special`` the text of added tokens becomes their ids."""
 
     def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
+        """``[encode(t) for t in texts]``, through the tokenizer's word cache where it has one."""
+        cache = self.word_cache(allow_special)
+        if cache is not None:
+            return cache.encode_batch(texts)
+        return self._encode_batch(texts, allow_special)
+
+    def _encode_batch(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:
+        """The native core's batch encode (what the word cache falls back to)."""
         return [self.encode(t, allow_special=allow_special) for t in texts]
+
+    def word_cache(self, allow_special: bool = True) -> WordCache | None:
+        """The :class:`~recon.wordcache.WordCache` batch encodes go through, or None where this
+        tokenizer's pre-tokenizer isn't one the cache is exact for (checked on probe texts against
+        the native encoder) or ``RECON_WORD_CACHE=0`` is set."""
+        if os.environ.get("RECON_WORD_CACHE", "1") == "0":
+            return None
+        caches = self.__dict__.setdefault("_word_caches", {})
+        if allow_special not in caches:
+            cache = self._make_word_cache(allow_special)
+            caches[allow_special] = cache if cache is not None and cache.agrees() else None
+        return caches[allow_special]
+
+    def _make_word_cache(self, allow_special: bool) -> WordCache | None:
+        return None
 
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
@@ -112,6 +137,21 @@ class Tokenizer(ABC):
     def token_lengths(self) -> list[int]:
         """``token_lengths[id]``: the token's length in bytes."""
         return [len(b) for b in self.token_bytes]
+
+    @cached_property
+    def length_array(self):
+        """:attr:`token_lengths` as a numpy array (for whole-batch offset arithmetic)."""
+        import numpy as np
+
+        return np.array(self.token_lengths, dtype=np.int64)
+
+    @cached_property
+    def byte_table(self):
+        """Every token's bytes end to end (numpy uint8) and where each id's begin (numpy int64)."""
+        import numpy as np
+
+        table = np.frombuffer(b"".join(self.token_bytes), dtype=np.uint8)
+        return table, np.cumsum(self.length_array) - self.length_array
 
     def ids_bytes(self, ids: Sequence[int]) -> bytes:
         """The exact bytes of a sequence of ids (no UTF-8 decoding, nothing replaced)."""
@@ -170,10 +210,24 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
         return self._encoder(allow_special).encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
+    def _encode_batch(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:
         core = self._encoder(allow_special)
         batch = getattr(core, "encode_batch_fast", core.encode_batch)
         return [e.ids for e in batch(list(texts), add_special_tokens=False)]
+
+    def _make_word_cache(self, allow_special: bool) -> WordCache | None:
+        if not _word_cacheable(self._core):
+            return None
+        passes: list[dict[str, int]] = [{}, {}]  # non-normalized tokens first: the order tokenizers extracts them in
+        bail = []  # texts holding these go to the native encoder whole
+        for token_id, t in self._core.get_added_tokens_decoder().items():
+            if (t.special and not allow_special) or t.lstrip or t.rstrip or t.single_word:
+                bail.append(t.content)
+            else:
+                passes[t.normalized][t.content] = token_id
+        encode = self._encode_batch
+        return WordCache(lambda words: encode(words, allow_special), lambda texts: encode(texts, allow_special),
+                         passes, bail)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), skip_special_tokens=False)
@@ -212,6 +266,26 @@ class HFTokenizer(Tokenizer):
                 return bytes([int(m.group(1), 16)])
             return piece.replace("\u2581", " ").encode("utf-8")
         return self._core.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+
+def _word_cacheable(core) -> bool:
+    """A byte-level BPE without normalizer whose pre-tokenizer is made of regex splits."""
+    import json
+
+    from tokenizers.models import BPE
+
+    if not isinstance(core.model, BPE) or core.model.dropout:
+        return False
+    if core.normalizer is not None and json.loads(core.normalizer.__getstate__()).get("normalizers", None) != []:
+        return False
+    if core.pre_tokenizer is None:
+        return False
+    state = json.loads(core.pre_tokenizer.__getstate__())
+    steps = state["pretokenizers"] if state["type"] == "Sequence" else [state]
+    return all(
+        step["type"] in ("Split", "Digits") or (step["type"] == "ByteLevel" and not step.get("add_prefix_space"))
+        for step in steps
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,10 +361,8 @@ class TiktokenTokenizer(Tokenizer):
     def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
         slices = [self._slices(t) for t in texts]
         flat = [s for group in slices for s in group]
-        if allow_special:
-            encoded = self._core.encode_batch(flat, allowed_special="all")
-        else:
-            encoded = self._core.encode_batch(flat, disallowed_special=())
+        cache = self.word_cache(allow_special)
+        encoded = cache.encode_batch(flat) if cache is not None else self._encode_slices(flat, allow_special)
         if len(flat) == len(texts):
             return encoded
         out, k = [], 0
@@ -301,6 +373,20 @@ class TiktokenTokenizer(Tokenizer):
                 k += 1
             out.append(ids)
         return out
+
+    def _encode_slices(self, slices: list[str], allow_special: bool) -> list[list[int]]:
+        if allow_special:
+            return self._core.encode_batch(slices, allowed_special="all")
+        return self._core.encode_batch(slices, disallowed_special=())
+
+    def _make_word_cache(self, allow_special: bool) -> WordCache | None:
+        if self.family.pattern not in {f.pattern for f in FAMILIES.values()}:
+            return None
+        specials = self._core._special_tokens if allow_special else {}
+        # tiktoken tries specials in no fixed order: a text where one is a prefix of another goes whole
+        bail = [a for a in specials if any(b != a and b.startswith(a) for b in specials)]
+        return WordCache(self._core.encode_ordinary_batch, lambda texts: self._encode_slices(texts, allow_special),
+                         [specials], bail)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), errors="replace")

@@ -229,3 +229,17 @@ def test_first_cause_is_the_earliest_divergence(chatml, bundled):
     rec = bundled["smollm2-t1.3"]["p008-0"]
     row = one(audit_records([rec], chatml, "concat", mode="roundtrip"))
     assert row.causes == ["non_canonical_bpe", "invalid_utf8"] and row.cause == "non_canonical_bpe" and row.first_diff == 4
+
+
+def test_stretches_found_for_a_whole_batch_match_the_walk_one_pair_at_a_time(tokenizers, bundled):
+    from recon.audit import _resegmented, _resegmented_batch
+
+    tok = tokenizers["smollm2"]
+    truths = [r.output_ids for d in bundled.values() for r in d.values()]
+    pairs = [(t, r) for t, r in zip(truths, tok.encode_batch(tok.decode_batch(truths))) if t != r]
+    a, b = tok.encode("日本"), tok.encode(" café")
+    pairs += [([5], []), ([], [5]), (a, a[::-1]), (a + b, b + a), ([100, 200], [100, 201])]  # different bytes: None
+    got = _resegmented_batch(tok, pairs)
+    want = [_resegmented(tok, t, r) if tok.ids_bytes(t) == tok.ids_bytes(r) else None for t, r in pairs]
+    assert got == want
+    assert got[-5:] == [None] * 5 and sum(g is not None for g in got) == 136  # 136 real pure re-segmentations

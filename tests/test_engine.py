@@ -61,3 +61,15 @@ def test_bad_records_are_reported_and_counted(tmp_path):
                                 *map(json.dumps, good[1:])]) + "\n")
     run = audit_files([mixed], **ARGS, chunk_size=2, progress=False)
     assert run.summary["samples"] == 5 and [(e.line, e.field) for e in run.errors] == [(2, ""), (3, "output_ids")]
+
+
+def test_two_worker_processes_are_identical(tmp_path, in_process, monkeypatch):
+    from recon import engine
+
+    pools = []
+    real_pool = engine._pool
+    monkeypatch.setattr(engine, "_pool", lambda n: pools.append(n) or real_pool(n))
+    run = audit_files(DATA, **ARGS, chunk_size=50, rows_path=tmp_path / "rows.parquet", workers=2, progress=False)
+    assert pools == [2]  # seven chunks went to a pool of two processes
+    _same(in_process, pq.read_table(tmp_path / "rows.parquet").to_pandas())
+    assert run.summary == audit_files(DATA, **ARGS, chunk_size=50, workers=1, progress=False).summary

@@ -1,0 +1,146 @@
+"""Encoding through a cache of words: the tokenizer's own ids, without re-encoding what it has seen.
+
+Why: an audit re-encodes millions of texts made of a few hundred thousand distinct words, and a
+batched encode spends most of its time cutting text into pre-tokens and merging bytes it merged
+before. BPE never merges across a pre-token boundary, so a text cut at points where every
+pre-tokenizer recon knows (GPT-2, cl100k, Qwen, DeepSeek, Kimi, SmolLM2 patterns) always starts a
+fresh pre-token encodes as the concatenation of its pieces' encodings. Each distinct piece is
+encoded once by the real tokenizer, in a batch; after that it is a dictionary look-up.
+
+The cut points are spaces (U+0020) right after a character that is not whitespace: in none of
+those patterns can a match run from a non-whitespace character into a following space (a space
+only ever starts a match or continues a run of whitespace), and none looks behind, so matching
+starts afresh at such a space whatever came before it. Before that, text is cut
+at added tokens exactly as the tokenizer extracts them (HF ``tokenizers``: leftmost-longest,
+non-normalized tokens first; tiktoken: specials, with texts where two could compete sent to
+the real encoder). Whether a tokenizer qualifies is decided by its structure and then checked
+on probe texts against the real encoder; one that does not is encoded the slow way, exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import chain
+from typing import Callable, Iterable, Mapping, Sequence
+
+#: Whitespace then a space: those texts take the careful cut.
+_SPACE_AFTER_WHITESPACE = re.compile(r"\s ")
+
+#: Texts every word cache must encode exactly as the real encoder before it is used.
+PROBES = (
+    "Hello world, it's 12345 o'clock.  Two  spaces,\ttab\n\nnew lines \n indented\n    code();",
+    "日本語のテキスト と 中文 混合 text, 한국어 문장 ; émigré café naïve e\u0301 \u0301x ½ ² Ⅻ 100,000.5",
+    " leading and trailing  ",
+    "emoji 🤖🤖 and ZWJ 👩\u200d💻 ; \u00a0nbsp\u00a0 \u2003em\u3000ideographic\u0085nel\x1c\x1f end",
+    "x. y? z! 'quoted' \"double\" (paren) [br] {cb} a-b a_b a/b a\\b $5 #1 @me 3.14 -2 +7 1e10",
+    "I'm you're we've they'll she'd IT'S DON'T don 't 's  't",
+    "\r\nwindows\r\n line \r\n\r\n ends\r \n",
+    "def f(x):\n    return x  # comment\n\n\tif x:\n\t\tpass\n",
+    "<think> tags </think> and <|im_end|> look-alikes <|endoftext|> <｜end▁of▁sentence｜>",
+)
+
+
+def split_words(text: str) -> list[str]:
+    """``text`` cut before every space (U+0020) that follows a character which is not whitespace.
+
+    ``"".join(split_words(t)) == t`` always. Python's ``str.isspace`` counts more characters as
+    whitespace than the tokenizers' ``\\s`` does, so the test errs towards not cutting."""
+    parts = text.split(" ")
+    if len(parts) == 1:
+        return parts
+    if _SPACE_AFTER_WHITESPACE.search(text) is None:  # every space is a cut point
+        words = [" " + p for p in parts]
+        if parts[0]:
+            words[0] = parts[0]
+        else:  # a leading space starts the first word
+            del words[0]
+        return words
+    words = [parts[0]]
+    for part in parts[1:]:
+        prev = words[-1]
+        if prev and not prev[-1].isspace():
+            words.append(" " + part)
+        else:
+            words[-1] = prev + " " + part
+    return words
+
+
+def _alternation(contents: Iterable[str]) -> re.Pattern | None:
+    """A capturing pattern that finds the longest of ``contents`` at the leftmost position."""
+    ordered = sorted(set(contents), key=lambda s: (-len(s), s))
+    return re.compile("(" + "|".join(map(re.escape, ordered)) + ")") if ordered else None
+
+
+class WordCache:
+    """Batch encoding with a cache of word encodings, for one tokenizer and one ``allow_special``.
+
+    ``encode_words`` is the real batch encoder for plain text (no added token in it);
+    ``encode_texts`` the real batch encoder for whole texts, used for texts that can't be cut
+    safely. ``passes`` are the added tokens extracted before pre-tokenization, content -> id, one
+    mapping per extraction pass, in order; ``bail`` holds contents that send a text to
+    ``encode_texts`` (tokens whose matching the cut can't mirror). The cache holds at most
+    ``max_words`` words and starts over when full, so memory stays bounded."""
+
+    def __init__(
+        self,
+        encode_words: Callable[[list[str]], list[list[int]]],
+        encode_texts: Callable[[list[str]], list[list[int]]],
+        passes: Sequence[Mapping[str, int]] = (),
+        bail: Iterable[str] = (),
+        max_words: int = 1 << 18,
+    ):
+        self._encode_words = encode_words
+        self._encode_texts = encode_texts
+        self._passes = [(_alternation(p), {c: [i] for c, i in p.items()}) for p in passes if p]
+        self._bail = _alternation(bail)
+        self._tokens = {c: ids for _, table in self._passes for c, ids in table.items()}
+        self.max_words = max_words
+        self.words: dict[str, list[int]] = dict(self._tokens)
+        self.lookups = 0  #: words looked up so far
+        self.misses = 0  #: of which encoded by the real encoder
+
+    def _keys(self, text: str) -> list[str]:
+        """The text as cache keys: words, and added tokens' contents (which map to their id)."""
+        segments = [text]
+        for pattern, _ in self._passes:
+            segments = [s for seg in segments for s in (pattern.split(seg) if seg not in self._tokens else [seg])]
+        if len(segments) == 1:
+            return split_words(text)
+        tokens = self._tokens
+        return list(chain.from_iterable([s] if s in tokens else split_words(s) for s in segments if s))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        words = self.words
+        get = words.__getitem__
+        out: list[list[int] | None] = [None] * len(texts)
+        slow: list[int] = []
+        pending: list[tuple[int, list[str]]] = []
+        for k, text in enumerate(texts):
+            if self._bail is not None and self._bail.search(text):
+                slow.append(k)
+                continue
+            keys = self._keys(text)
+            self.lookups += len(keys)
+            try:
+                out[k] = list(chain.from_iterable(map(get, keys)))
+            except KeyError:
+                pending.append((k, keys))
+        if pending:
+            missing = list({w: None for _, keys in pending for w in keys if w not in words})
+            self.misses += len(missing)
+            words.update(zip(missing, self._encode_words(missing)))
+            for k, keys in pending:
+                out[k] = list(chain.from_iterable(map(get, keys)))
+            if len(words) > self.max_words:  # full: start over (it held at most one batch more)
+                words.clear()
+                words.update(self._tokens)
+        if slow:
+            for k, ids in zip(slow, self._encode_texts([texts[k] for k in slow])):
+                out[k] = ids
+        return out  # type: ignore[return-value]
+
+    def agrees(self, texts: Sequence[str] = PROBES) -> bool:
+        """Whether this cache encodes ``texts`` (and each cut in two halves) as the real encoder does."""
+        halves = [t[i:] for t in texts for i in (len(t) // 3, len(t) // 2)]
+        probes = list(texts) + halves
+        return self.encode_batch(probes) == self._encode_texts(probes) and self.encode_batch(probes) == self._encode_texts(probes)
