@@ -5,10 +5,12 @@ every sample is audited in roundtrip mode: decode, parse, re-encode, compare, ex
 
   (a) naive  — what people write by hand: a Python loop over transformers' decode then encode;
   (b) floor  — one batched decode plus one batched encode in the tokenizer's native core, no comparison;
-  (c) recon  — recon's audit engine (chunks of --chunk-size), with a cause for every mismatch.
+  (c) recon  — recon's audit engine over the same records in memory (chunks of --chunk-size, one
+               worker process per core), with a cause for every mismatch;
+  and, for reference, recon in one process and recon with its word cache off (RECON_WORD_CACHE=0).
 
 Prints samples/s, MB/s (of decoded text) and the ratios (a)/(c) and (c)/(b); then the peak
-memory of `recon audit` on a 10k-sample file and on a 1M-sample file, and their ratio.
+memory of `recon audit` (end to end, from a file) on 10k and on 1M samples, and their ratio.
 Targets (issue 6): (c)/(b) <= 1.3, (a)/(c) >= 3, peak(1M)/peak(10k) <= 1.2.
 
     python benchmarks/audit_speed.py                      # 100k samples, memory at 10k and 1M
@@ -83,9 +85,13 @@ def speed(n: int, chunk: int, workers: int) -> dict:
     t_recon, summary = timed(lambda: recon(workers))
     t_one, one = timed(lambda: recon(1))
     cache = tok.word_cache(True)
+    os.environ["RECON_WORD_CACHE"] = "0"  # forked workers see it too: every text through the native encoder
+    t_native, native = timed(lambda: recon(workers))
+    del os.environ["RECON_WORD_CACHE"]
+    assert native["exact"] == summary["exact"]
     assert summary["exact"] == naive_exact == one["exact"], (summary["exact"], naive_exact, one["exact"])  # one answer
     return {"samples": n, "text_mb": text_bytes / 1e6, "naive_s": t_naive, "floor_s": t_floor, "recon_s": t_recon,
-            "recon1_s": t_one, "setup_s": setup_s, "exact": summary["exact"], "by_cause": summary["by_cause"],
+            "recon1_s": t_one, "native_s": t_native, "setup_s": setup_s, "exact": summary["exact"], "by_cause": summary["by_cause"],
             "cache_words": len(cache.words), "cache_misses": cache.misses, "cache_lookups": cache.lookups}
 
 
@@ -97,11 +103,27 @@ def write_ids_file(path: Path, n: int) -> None:
             f.write(json.dumps({"id": str(k), "dataset": dataset, "output_ids": ids}, separators=(",", ":")) + "\n")
 
 
+def pss_mb(pid: int) -> float:
+    """A process's proportional set size in MB (Linux ``smaps_rollup``; RSS elsewhere), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
+    except FileNotFoundError:
+        import psutil
+
+        try:
+            return psutil.Process(pid).memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            return 0.0
+    except (OSError, StopIteration):
+        return 0.0
+
+
 def peak_memory_mb(path: Path, chunk: int, workers: int) -> tuple[float, float, int]:
     """Peak memory (MB) of `recon audit` on one file, its wall time, and the most processes seen.
 
     Memory is the proportional set size (PSS) summed over the command's process tree, sampled
-    every 0.1 s: pages forked workers share with their parent count once, a worker's own pages
+    every 0.05 s: pages forked workers share with their parent count once, a worker's own pages
     count in full."""
     import psutil
 
@@ -109,36 +131,30 @@ def peak_memory_mb(path: Path, chunk: int, workers: int) -> tuple[float, float, 
            "--method", "concat", "--chunk-size", str(chunk), "--workers", str(workers), "--json"]
     start = time.perf_counter()
     proc = psutil.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
-    peak, most = 0, 1
+    peak, most = 0.0, 1
     while proc.poll() is None:
         try:
-            tree = [proc, *proc.children(recursive=True)]
-            total = 0
-            for p in tree:
-                try:
-                    total += p.memory_full_info().pss
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    pass
-            peak, most = max(peak, total), max(most, len(tree))
+            tree = [proc.pid, *(p.pid for p in proc.children(recursive=True))]
         except psutil.NoSuchProcess:
             break
-        time.sleep(0.1)
+        peak, most = max(peak, sum(map(pss_mb, tree))), max(most, len(tree))
+        time.sleep(0.05)
     if proc.wait() != 0:
         raise SystemExit(f"recon audit failed on {path}")
-    return peak / 2**20, time.perf_counter() - start, most
+    return peak, time.perf_counter() - start, most
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=100_000)
-    parser.add_argument("--chunk-size", type=int, default=10_000)
+    parser.add_argument("--chunk-size", type=int, default=None, help="records per chunk (default: recon's)")
     parser.add_argument("--workers", type=int, default=None, help="recon's worker processes (default: one per core)")
     parser.add_argument("--memory-samples", default="10000,1000000", help="two sizes, comma-separated ('' to skip)")
     args = parser.parse_args()
-    if args.workers is None:
-        from recon.engine import default_workers
+    from recon.engine import DEFAULT_CHUNK, default_workers
 
-        args.workers = default_workers()
+    args.workers = default_workers() if args.workers is None else args.workers
+    args.chunk_size = args.chunk_size or DEFAULT_CHUNK
 
     import tokenizers
 
@@ -146,12 +162,12 @@ def main() -> None:
           f"tokenizers {tokenizers.__version__}, TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', '(unset)')}")
     r = speed(args.samples, args.chunk_size, args.workers)
     print(f"\n{r['samples']} samples, {r['text_mb']:.1f} MB of text, {r['exact']} exact; mismatches: {r['by_cause']}")
-    print(f"{'':22} {'seconds':>9} {'samples/s':>11} {'MB/s':>7}")
+    print(f"{'':26} {'seconds':>9} {'samples/s':>11} {'MB/s':>7}")
     rows = [("(a) naive loop", "naive_s"), ("(b) floor", "floor_s"), (f"(c) recon, {args.workers} processes", "recon_s"),
-            ("    recon, 1 process", "recon1_s")]
+            ("    recon, 1 process", "recon1_s"), ("    recon, no word cache", "native_s")]
     for name, key in rows:
         t = r[key]
-        print(f"{name:22} {t:9.2f} {r['samples'] / t:11.0f} {r['text_mb'] / t:7.1f}")
+        print(f"{name:26} {t:9.2f} {r['samples'] / t:11.0f} {r['text_mb'] / t:7.1f}")
     a_c, c_b = r["naive_s"] / r["recon_s"], r["recon_s"] / r["floor_s"]
     print(f"(recon's one-time tables for this tokenizer: {r['setup_s']:.2f} s, not in the timings; "
           f"word cache in the 1-process run: {r['cache_words']} words, {r['cache_misses']} misses "

@@ -243,7 +243,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     run = audit_files(
         args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
-        mode=args.mode, options=_parse_options(args), chunk_size=args.chunk_size,
+        mode=args.mode, options=_parse_options(args), **({"chunk_size": args.chunk_size} if args.chunk_size else {}),
         rows_path=out / "samples.parquet" if out else None, dask=args.dask, workers=args.workers,
     )
     _print_errors(run.errors)
@@ -320,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit_arguments(p)
     p.add_argument("--out", help="folder for samples.parquet and summary.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--chunk-size", type=int, default=10_000, help="records per batch (memory holds one per worker)")
+    p.add_argument("--chunk-size", type=int, metavar="N",
+                   help="records per batch (memory holds a few per worker; default 2,000)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="worker processes on this machine (default: one per core; 1 = in this process)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on a Dask cluster: 'local' (LocalCluster) or tcp://scheduler:8786")

@@ -10,6 +10,7 @@ chunks in flight, whatever the file size.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -24,7 +25,9 @@ from .profiles import BoundProfile, ParseOptions, load_profile
 from .records import Record, iter_records
 from .stats import Tally
 
-DEFAULT_CHUNK = 10_000
+#: Records per chunk: big enough that batch calls dominate, small enough that a worker's
+#: working set (~10 KB a record while audited) stays a few tens of MB.
+DEFAULT_CHUNK = 2_000
 
 
 def iter_chunks(paths: Iterable[str | Path], size: int, *, vocab_size: int | None, errors: list[RecordError]) -> Iterator[list[Record]]:
@@ -171,22 +174,29 @@ def _chunks_audited(chunks: Iterator[list[Record]], args: tuple, with_rows: bool
         yield from _bounded(chunks, lambda chunk: client.submit(work, chunk, pure=False), lambda f: f.result(), limit)
         return
     workers = default_workers() if workers is None else workers
-    first = next(chunks, None)
-    if first is None:
-        return
-    second = next(chunks, None)
-    if workers <= 1 or second is None:  # one chunk (or one core): no processes to start
-        yield work(first)
-        if second is not None:
-            yield work(second)
-            for chunk in chunks:
-                yield work(chunk)
-        return
-    from itertools import chain
+    if workers > 1:
+        first = next(chunks, None)
+        second = next(chunks, None) if first is not None else None
+        if second is not None:  # two chunks or more: worth starting processes
+            pending = [first, second]
+            del first, second
+            with _pool(workers) as pool:
+                yield from _bounded(_prepend(pending, chunks), lambda chunk: pool.apply_async(work, (chunk,)),
+                                    lambda r: r.get(), 2 * workers)
+            return
+        chunks = iter([first] if first is not None else [])
+        del first
+    for chunk in chunks:
+        result = work(chunk)
+        del chunk  # before the next chunk is read: one chunk alive at a time
+        yield result
 
-    with _pool(workers) as pool:
-        yield from _bounded(chain([first, second], chunks), lambda chunk: pool.apply_async(work, (chunk,)),
-                            lambda r: r.get(), 2 * workers)
+
+def _prepend(items: list, rest: Iterator) -> Iterator:
+    """``items`` then ``rest``, dropping each item as it goes (so it can be freed once used)."""
+    while items:
+        yield items.pop(0)
+    yield from rest
 
 
 def _bounded(chunks: Iterator, submit, result, limit: int):
@@ -217,6 +227,11 @@ def _pool(workers: int):
     import multiprocessing as mp
 
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    if method == "fork":
+        # objects the parent already has (the tokenizer's tables, the vocabulary) move out of the
+        # collector's reach, so no collection in a child writes to their pages and copies them
+        gc.collect()
+        gc.freeze()
     return mp.get_context(method).Pool(workers, initializer=_worker_init)
 
 

@@ -286,9 +286,21 @@ class SeenIds:
             return False
         self._recent.add(key)
         if len(self._recent) >= self.FLUSH:
-            self._sorted = self._np.union1d(arr, self._np.fromiter(self._recent, dtype=self._np.int64))
+            self._sorted = self._merged(arr, self._recent)
             self._recent.clear()
         return True
+
+    def _merged(self, arr, recent: set[int]):
+        """``arr`` with ``recent`` merged in, allocating only the result (``union1d`` makes three copies)."""
+        np = self._np
+        new = np.sort(np.fromiter(recent, dtype=np.int64, count=len(recent)))
+        out = np.empty(len(arr) + len(new), dtype=np.int64)
+        at = np.searchsorted(arr, new) + np.arange(len(new))
+        old = np.ones(len(out), dtype=bool)
+        old[at] = False
+        out[at] = new
+        out[old] = arr
+        return out
 
 
 def iter_records(path: str | Path, *, vocab_size: int | None = None) -> Iterator[Record | RecordError]:
