@@ -123,3 +123,4 @@ def test_seen_ids_stay_exact_across_flushes():
     assert all(seen.add("d", str(k)) for k in range(5000))
     assert not any(seen.add("d", str(k)) for k in range(0, 5000, 7))
     assert seen.add("other", "0") and not seen.add("other", "0")
+    assert len(seen._sorted) == 5000 and (seen._sorted[1:] > seen._sorted[:-1]).all()  # merged, sorted, no key lost
