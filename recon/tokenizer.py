@@ -225,9 +225,7 @@ class HFTokenizer(Tokenizer):
                 bail.append(t.content)
             else:
                 passes[t.normalized][t.content] = token_id
-        encode = self._encode_batch
-        return WordCache(lambda words: encode(words, allow_special), lambda texts: encode(texts, allow_special),
-                         passes, bail)
+        return WordCache(lambda texts: self._encode_batch(texts, allow_special), self.token_lengths, passes, bail)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), skip_special_tokens=False)
@@ -385,8 +383,7 @@ class TiktokenTokenizer(Tokenizer):
         specials = self._core._special_tokens if allow_special else {}
         # tiktoken tries specials in no fixed order: a text where one is a prefix of another goes whole
         bail = [a for a in specials if any(b != a and b.startswith(a) for b in specials)]
-        return WordCache(self._core.encode_ordinary_batch, lambda texts: self._encode_slices(texts, allow_special),
-                         [specials], bail)
+        return WordCache(lambda texts: self._encode_slices(texts, allow_special), self.token_lengths, [specials], bail)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), errors="replace")

@@ -20,8 +20,11 @@ on probe texts against the real encoder; one that does not is encoded the slow w
 from __future__ import annotations
 
 import re
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Callable, Iterable, Mapping, Sequence
+
+#: Missing words encoded together in one glued text (see WordCache._learn).
+GLUE = 64
 
 #: Whitespace then a space: those texts take the careful cut.
 _SPACE_AFTER_WHITESPACE = re.compile(r"\s ")
@@ -74,30 +77,30 @@ def _alternation(contents: Iterable[str]) -> re.Pattern | None:
 class WordCache:
     """Batch encoding with a cache of word encodings, for one tokenizer and one ``allow_special``.
 
-    ``encode_words`` is the real batch encoder for plain text (no added token in it);
-    ``encode_texts`` the real batch encoder for whole texts, used for texts that can't be cut
-    safely. ``passes`` are the added tokens extracted before pre-tokenization, content -> id, one
-    mapping per extraction pass, in order; ``bail`` holds contents that send a text to
-    ``encode_texts`` (tokens whose matching the cut can't mirror). The cache holds at most
-    ``max_words`` words and starts over when full, so memory stays bounded."""
+    ``encode_texts`` is the native batch encoder; ``lengths[id]`` each token's length in bytes.
+    A text is cut into words, and its ids are the concatenation of their cached encodings; the
+    words a batch misses are encoded natively first (:meth:`_learn`). ``passes`` are the added tokens extracted before pre-tokenization, content -> id, one mapping
+    per extraction pass, in order; ``bail`` holds contents that send a text to the native encoder
+    (tokens whose matching the cut can't mirror). When the cache holds more than ``max_words``
+    words after a batch it starts over, so memory stays bounded."""
 
     def __init__(
         self,
-        encode_words: Callable[[list[str]], list[list[int]]],
         encode_texts: Callable[[list[str]], list[list[int]]],
+        lengths: Sequence[int],
         passes: Sequence[Mapping[str, int]] = (),
         bail: Iterable[str] = (),
         max_words: int = 1 << 18,
     ):
-        self._encode_words = encode_words
         self._encode_texts = encode_texts
+        self._lengths = lengths
         self._passes = [(_alternation(p), {c: [i] for c, i in p.items()}) for p in passes if p]
         self._bail = _alternation(bail)
         self._tokens = {c: ids for _, table in self._passes for c, ids in table.items()}
         self.max_words = max_words
         self.words: dict[str, list[int]] = dict(self._tokens)
         self.lookups = 0  #: words looked up so far
-        self.misses = 0  #: of which encoded by the real encoder
+        self.misses = 0  #: words learned from a native encode
 
     def _keys(self, text: str) -> list[str]:
         """The text as cache keys: words, and added tokens' contents (which map to their id)."""
@@ -127,8 +130,7 @@ class WordCache:
                 pending.append((k, keys))
         if pending:
             missing = list({w: None for _, keys in pending for w in keys if w not in words})
-            self.misses += len(missing)
-            words.update(zip(missing, self._encode_words(missing)))
+            self._learn(missing)
             for k, keys in pending:
                 out[k] = list(chain.from_iterable(map(get, keys)))
             if len(words) > self.max_words:  # full: start over (it held at most one batch more)
@@ -139,8 +141,53 @@ class WordCache:
                 out[k] = ids
         return out  # type: ignore[return-value]
 
+    def _learn(self, missing: list[str]) -> None:
+        """Encode the words natively and cache them.
+
+        A word that starts with a space and ends with a character that is not whitespace (most
+        of them) can follow another such word without changing either's encoding: that is the
+        cut this cache relies on. So those are glued into a few long texts, encoded together
+        and cut back apart at their byte boundaries; one input per word would cost more in
+        per-input overhead than in BPE. A glued text that holds an added token's content, or
+        whose ids don't cut at its words' boundaries, is encoded word by word instead."""
+        glueable: list[str] = []
+        alone: list[str] = []
+        for w in missing:
+            (glueable if w[:1] == " " and not w[-1].isspace() and len(w) > 1 else alone).append(w)
+        groups = [glueable[i : i + GLUE] for i in range(0, len(glueable), GLUE)]
+        texts = ["".join(group) for group in groups]
+        special = [p for p, _ in self._passes] + ([self._bail] if self._bail is not None else [])
+        clean = [not any(p.search(t) for p in special) for t in texts]
+        alone += [w for group, ok in zip(groups, clean) if not ok for w in group]
+        groups = [g for g, ok in zip(groups, clean) if ok]
+        encoded = self._encode_texts([t for t, ok in zip(texts, clean) if ok] + alone)
+        for group, ids in zip(groups, encoded):
+            shares = self._cut(group, ids)
+            if shares is None:  # not cut where the words meet: learn them one by one
+                alone += group
+                encoded += self._encode_texts(group)
+            else:
+                self.words.update(shares)
+        for word, ids in zip(alone, encoded[len(groups):]):
+            self.words[word] = ids
+        self.misses += len(missing)
+
+    def _cut(self, words: list[str], ids: list[int]) -> list[tuple[str, list[int]]] | None:
+        """``ids`` (the encoding of ``words`` joined) cut into each word's share, or None if a word
+        boundary falls inside a token."""
+        token_at = dict(zip(accumulate(map(self._lengths.__getitem__, ids)), range(1, len(ids) + 1)))
+        stops = list(map(token_at.get, accumulate(map(len, map(str.encode, words)))))
+        if None in stops:
+            return None
+        return list(zip(words, map(ids.__getitem__, map(slice, [0, *stops[:-1]], stops))))
+
     def agrees(self, texts: Sequence[str] = PROBES) -> bool:
-        """Whether this cache encodes ``texts`` (and each cut in two halves) as the real encoder does."""
-        halves = [t[i:] for t in texts for i in (len(t) // 3, len(t) // 2)]
-        probes = list(texts) + halves
-        return self.encode_batch(probes) == self._encode_texts(probes) and self.encode_batch(probes) == self._encode_texts(probes)
+        """Whether this cache encodes ``texts``, their tails and texts glued from their words in
+        another order as the native encoder does, from words it learned in other texts."""
+        tails = [t[i:] for t in texts for i in (len(t) // 3, len(t) // 2)]
+        self.encode_batch(list(texts) + tails)  # learn
+        words = [w for t in texts for w in self._keys(t)]
+        shuffled = ["".join(words[i::k]) for k in (3, 5, 7) for i in range(k)]  # words next to new neighbours
+        probes = list(texts) + tails + shuffled
+        self.encode_batch(shuffled)  # learn what the new neighbours' own words are, if any are new
+        return self.encode_batch(probes) == self._encode_texts(probes)

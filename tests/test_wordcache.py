@@ -70,13 +70,13 @@ def test_every_real_tokenizer_has_an_exact_word_cache(name, allow_special, all_t
 
 def test_the_cache_learns_each_word_once_and_stays_bounded(tokenizers, bundled_texts):
     tok = tokenizers["smollm2"]
-    cache = WordCache(lambda w: tok._encode_batch(w, True), lambda t: tok._encode_batch(t, True),
+    cache = WordCache(lambda t: tok._encode_batch(t, True), tok.token_lengths,
                       [{"<|im_end|>": tok.piece_to_id("<|im_end|>")}], max_words=500)
     want = native(tok, bundled_texts, True)
     assert cache.encode_batch(bundled_texts) == want
     assert 500 < cache.misses < cache.lookups and len(cache.words) == 1  # it started over (keeping <|im_end|>)
     assert cache.encode_batch(bundled_texts[:3]) == want[:3] and len(cache.words) < 500  # and stays exact
-    big = WordCache(lambda w: tok._encode_batch(w, True), lambda t: tok._encode_batch(t, True))
+    big = WordCache(lambda t: tok._encode_batch(t, True), tok.token_lengths)
     big.encode_batch(bundled_texts)
     misses = big.misses
     assert big.encode_batch(bundled_texts) == want and big.misses == misses  # the second pass only looks up
