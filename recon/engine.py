@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import islice
@@ -221,6 +222,7 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+@contextmanager
 def _pool(workers: int):
     """A pool of worker processes. Forked where the platform allows, so workers start with the
     tokenizer this process loaded (``_bound`` is cached) instead of loading it again."""
@@ -232,7 +234,12 @@ def _pool(workers: int):
         # collector's reach, so no collection in a child writes to their pages and copies them
         gc.collect()
         gc.freeze()
-    return mp.get_context(method).Pool(workers, initializer=_worker_init)
+    try:
+        with mp.get_context(method).Pool(workers, initializer=_worker_init) as pool:
+            yield pool
+    finally:
+        if method == "fork":
+            gc.unfreeze()  # a long-lived caller (a notebook kernel) collects as before
 
 
 def _worker_init() -> None:

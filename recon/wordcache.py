@@ -79,9 +79,10 @@ class WordCache:
 
     ``encode_texts`` is the native batch encoder; ``lengths[id]`` each token's length in bytes.
     A text is cut into words, and its ids are the concatenation of their cached encodings; the
-    words a batch misses are encoded natively first (:meth:`_learn`). ``passes`` are the added tokens extracted before pre-tokenization, content -> id, one mapping
-    per extraction pass, in order; ``bail`` holds contents that send a text to the native encoder
-    (tokens whose matching the cut can't mirror). When the cache holds more than ``max_words``
+    words a batch misses are encoded natively first (:meth:`_learn`). ``passes`` are the added
+    tokens extracted before pre-tokenization, content -> id, one mapping per extraction pass, in
+    order; ``bail`` holds contents that send a text to the native encoder (tokens whose matching
+    the cut can't mirror). When the cache holds more than ``max_words``
     words after a batch it starts over, so memory stays bounded."""
 
     def __init__(
@@ -157,19 +158,17 @@ class WordCache:
         groups = [glueable[i : i + GLUE] for i in range(0, len(glueable), GLUE)]
         texts = ["".join(group) for group in groups]
         special = [p for p, _ in self._passes] + ([self._bail] if self._bail is not None else [])
-        clean = [not any(p.search(t) for p in special) for t in texts]
-        alone += [w for group, ok in zip(groups, clean) if not ok for w in group]
-        groups = [g for g, ok in zip(groups, clean) if ok]
-        encoded = self._encode_texts([t for t, ok in zip(texts, clean) if ok] + alone)
-        for group, ids in zip(groups, encoded):
+        for group, text in zip(groups, texts):
+            if any(p.search(text) for p in special):  # an added token's text where two words meet
+                alone += group
+                group.clear()
+        encoded = self._encode_texts([t for g, t in zip(groups, texts) if g] + alone)
+        for group, ids in zip([g for g in groups if g], encoded):
             shares = self._cut(group, ids)
             if shares is None:  # not cut where the words meet: learn them one by one
-                alone += group
-                encoded += self._encode_texts(group)
-            else:
-                self.words.update(shares)
-        for word, ids in zip(alone, encoded[len(groups):]):
-            self.words[word] = ids
+                shares = list(zip(group, self._encode_texts(group)))
+            self.words.update(shares)
+        self.words.update(zip(alone, encoded[len(encoded) - len(alone):]))
         self.misses += len(missing)
 
     def _cut(self, words: list[str], ids: list[int]) -> list[tuple[str, list[int]]] | None:

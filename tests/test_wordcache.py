@@ -101,3 +101,13 @@ def test_the_cache_can_be_switched_off(monkeypatch, tokenizers):
     monkeypatch.setenv("RECON_WORD_CACHE", "0")
     assert tok.word_cache() is None
     assert tok.encode_batch(["hello world"]) == tokenizers["smollm2"].encode_batch(["hello world"])
+
+
+def test_glued_words_are_cut_back_at_their_byte_boundaries(tokenizers):
+    tok = tokenizers["smollm2"]
+    cache = WordCache(lambda t: tok._encode_batch(t, True), tok.token_lengths)
+    words = [" naïve", " 🤖", " café,", " 2026"]
+    shares = cache._cut(words, tok.encode("".join(words)))
+    assert shares == [(w, tok.encode(w)) for w in words]
+    assert tok.encode(" abc") == [43239]  # one token across where " ab" and "c" would meet:
+    assert cache._cut([" ab", "c"], tok.encode(" abc")) is None  # not a cut, so nothing is learned from it
