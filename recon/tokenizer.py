@@ -378,9 +378,10 @@ class TiktokenTokenizer(Tokenizer):
         return self._core.encode_batch(slices, disallowed_special=())
 
     def _make_word_cache(self, allow_special: bool) -> WordCache | None:
-        if self.family.pattern not in {f.pattern for f in FAMILIES.values()}:
+        specials = getattr(self._core, "_special_tokens", None)  # content -> id; tiktoken has no public map
+        if self.family.pattern not in {f.pattern for f in FAMILIES.values()} or specials is None:
             return None
-        specials = self._core._special_tokens if allow_special else {}
+        specials = specials if allow_special else {}
         # tiktoken tries specials in no fixed order: a text where one is a prefix of another goes whole
         bail = [a for a in specials if any(b != a and b.startswith(a) for b in specials)]
         return WordCache(lambda texts: self._encode_slices(texts, allow_special), self.token_lengths, [specials], bail)

@@ -243,3 +243,4 @@ def test_stretches_found_for_a_whole_batch_match_the_walk_one_pair_at_a_time(tok
     want = [_resegmented(tok, t, r) if tok.ids_bytes(t) == tok.ids_bytes(r) else None for t, r in pairs]
     assert got == want
     assert got[-5:] == [None] * 5 and sum(g is not None for g in got) == 136  # 136 real pure re-segmentations
+    assert _resegmented_batch(tok, pairs[-5:]) == [None] * 5  # a batch where no pair re-segments
