@@ -209,22 +209,6 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
     return 0 if data.records else 2
 
 
-def _audit(args: argparse.Namespace, *, keep_ids: bool = False):
-    from . import load_tokenizer
-    from .audit import audit_records
-    from .profiles import load_profile
-    from .records import read_records
-
-    tok = load_tokenizer(args.tokenizer, family=args.family)
-    bound = load_profile(args.profile).bind(tok)
-    data = read_records(args.data, vocab_size=tok.vocab_size)
-    _print_errors(data.errors)
-    if not data.records:
-        raise ReconError(f"no usable records in {', '.join(args.data)} ({data.summary()})")
-    frame = audit_records(data.records, bound, args.method, mode=args.mode, options=_parse_options(args), keep_ids=keep_ids)
-    return tok, data, frame
-
-
 def _print_summary(summary: dict) -> None:
     def line(name: str, s: dict) -> str:
         rate = "n/a" if s["exact_rate"] is None else f"{s['exact_rate']:.1%}"
@@ -243,8 +227,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     run = audit_files(
         args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
-        mode=args.mode, options=_parse_options(args), **({"chunk_size": args.chunk_size} if args.chunk_size else {}),
-        rows_path=out / "samples.parquet" if out else None, dask=args.dask, workers=args.workers,
+        mode=args.mode, options=_parse_options(args), rows_path=out / "samples.parquet" if out else None,
+        dask=args.dask, **_engine_options(args),
     )
     _print_errors(run.errors)
     summary = run.summary
@@ -261,14 +245,30 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_table, write_table
+    from .engine import audit_files
 
-    _, data, frame = _audit(args, keep_ids=True)
-    table = export_table(data.records, frame, args.policy)
-    path = write_table(table, args.out)
-    kept = int(table["keep"].sum())
-    print(f"wrote {len(table)} samples to {path}: {kept} kept under policy {args.policy}, {len(table) - kept} not")
+    run = audit_files(
+        args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
+        mode=args.mode, options=_parse_options(args), export_path=args.out, policy=args.policy, **_engine_options(args),
+    )
+    _print_errors(run.errors)
+    n = run.summary["samples"]
+    print(f"wrote {n} samples to {run.rows_path}: {run.kept} kept under policy {args.policy}, {n - run.kept} not")
     return 0
+
+
+def _engine_options(args: argparse.Namespace) -> dict:
+    options = {"workers": args.workers}
+    if args.chunk_size:
+        options["chunk_size"] = args.chunk_size
+    return options
+
+
+def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chunk-size", type=int, metavar="N",
+                   help="records per batch (memory holds a few per worker; default 2,000)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="worker processes on this machine (default: one per core; 1 = in this process)")
 
 
 def _add_audit_arguments(p: argparse.ArgumentParser) -> None:
@@ -320,10 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit_arguments(p)
     p.add_argument("--out", help="folder for samples.parquet and summary.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--chunk-size", type=int, metavar="N",
-                   help="records per batch (memory holds a few per worker; default 2,000)")
-    p.add_argument("--workers", type=int, metavar="N",
-                   help="worker processes on this machine (default: one per core; 1 = in this process)")
+    _add_engine_arguments(p)
     p.add_argument("--dask", metavar="ADDRESS", help="run on a Dask cluster: 'local' (LocalCluster) or tcp://scheduler:8786")
     p.set_defaults(func=cmd_audit)
 
@@ -331,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit_arguments(p)
     p.add_argument("--policy", default="exact-only", choices=["exact-only", "fallback", "drop-mismatches"])
     p.add_argument("--out", required=True, help=".parquet or .jsonl")
+    _add_engine_arguments(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("validate", help="check sample files: every bad record with file, line and field")

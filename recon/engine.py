@@ -21,6 +21,8 @@ from typing import Iterable, Iterator, Sequence
 
 from .audit import arrow_schema, audit_rows
 from .errors import ReconError
+from .export import TableWriter, check_policy, export_rows
+from .export import arrow_schema as export_schema
 from .io import RecordError
 from .profiles import BoundProfile, ParseOptions, load_profile
 from .records import Record, iter_records
@@ -58,18 +60,25 @@ def _bound(tokenizer: str, family: str | None, profile: str) -> BoundProfile:
 
 
 def audit_chunk(tokenizer: str, family: str | None, profile: str, method: str, mode: str,
-                options: ParseOptions | None, records: Sequence[Record]) -> list[dict]:
+                options: ParseOptions | None, records: Sequence[Record], keep_ids: bool = False) -> list[dict]:
     """Audit one chunk in whatever process runs this (the driver, or a worker)."""
-    return audit_rows(records, _bound(tokenizer, family, profile), method, mode=mode, options=options)
+    return audit_rows(records, _bound(tokenizer, family, profile), method, mode=mode, options=options, keep_ids=keep_ids)
 
 
-def audit_chunk_counted(args: tuple, with_rows: bool, records: Sequence[Record]):
-    """One chunk's :class:`Tally` and, if ``with_rows``, its rows as an Arrow table: what a worker
-    sends back (a few hundred bytes, or columnar rows that unpickle ~100x faster than dicts)."""
+def audit_chunk_counted(args: tuple, output: str | None, records: Sequence[Record]):
+    """One chunk's :class:`Tally`, a table, and its size: what a worker sends back (a few hundred
+    bytes, or columnar rows that unpickle ~100x faster than dicts). ``output``: None (no table),
+    ``"rows"`` (the audit rows), or an export policy (the export rows, :mod:`recon.export`)."""
     import pyarrow as pa
 
-    rows = audit_chunk(*args, records)
-    table = pa.Table.from_pylist(rows, schema=arrow_schema()) if with_rows else None
+    exporting = output not in (None, "rows")
+    rows = audit_chunk(*args, records, keep_ids=exporting)
+    if output is None:
+        table = None
+    elif exporting:
+        table = pa.Table.from_pylist(export_rows(records, rows, output), schema=export_schema())
+    else:
+        table = pa.Table.from_pylist(rows, schema=arrow_schema())
     return Tally().add(rows), table, len(rows)
 
 
@@ -78,6 +87,8 @@ class AuditRun:
     summary: dict
     errors: list[RecordError] = field(default_factory=list)
     rows_path: Path | None = None
+    #: with an export: how many rows have ``keep`` set
+    kept: int | None = None
 
 
 def _dask_client(address: str):
@@ -119,37 +130,46 @@ def audit_stream(
     mode: str = "auto",
     options: ParseOptions | None = None,
     rows_path: str | Path | None = None,
+    export_path: str | Path | None = None,
+    policy: str = "exact-only",
     dask: str | None = None,
     client=None,
     workers: int | None = None,
     progress: bool | None = None,
 ) -> AuditRun:
-    """Audit chunks of records; write rows to ``rows_path`` (Parquet) if given, in input order.
+    """Audit chunks of records; write the audit rows to ``rows_path`` (Parquet), or the
+    training-ready export under ``policy`` to ``export_path`` (Parquet or JSONL), in input order.
 
     Chunks go to ``workers`` processes on this machine (default: one per core; 1 = this process).
     ``dask``: ``"local"`` (a LocalCluster on this machine) or a scheduler address; or pass a
     ``client``. Results are identical whichever runs them.
     """
-    import pyarrow.parquet as pq
+    import pyarrow.compute as pc
     from tqdm.auto import tqdm
 
+    if rows_path is not None and export_path is not None:
+        raise ReconError("write audit rows or an export, not both in one run")
+    if export_path is not None:
+        check_policy(policy)
     _bound(tokenizer, family, profile)  # loaded here, so forked workers start with it
-    tally = Tally()
-    writer = None
+    tally, kept = Tally(), 0
+    writer, output = None, None
     if rows_path is not None:
-        rows_path = Path(rows_path)
-        rows_path.parent.mkdir(parents=True, exist_ok=True)
-        writer = pq.ParquetWriter(rows_path, arrow_schema())
+        writer, output = TableWriter(rows_path, arrow_schema()), "rows"
+    elif export_path is not None:
+        writer, output = TableWriter(export_path, export_schema()), policy
     bar = tqdm(desc="audit", unit="sample", disable=None if progress is None else not progress)
     own_client = client is None and dask is not None
     if own_client:
         client = _dask_client(dask)
     args = (tokenizer, family, profile, method, mode, options)
     try:
-        for counted, table, n in _chunks_audited(iter(chunks), args, writer is not None, client, workers):
+        for counted, table, n in _chunks_audited(iter(chunks), args, output, client, workers):
             tally.merge(counted)
             if writer is not None:
-                writer.write_table(table)
+                writer.write(table)
+                if export_path is not None:
+                    kept += pc.sum(table["keep"]).as_py() or 0
             bar.update(n)
             del table
     finally:
@@ -161,15 +181,16 @@ def audit_stream(
             client.close()
             if cluster is not None:
                 cluster.close()
-    return AuditRun(tally.summary(), [], rows_path)
+    return AuditRun(tally.summary(), [], writer.path if writer is not None else None,
+                    kept if export_path is not None else None)
 
 
-def _chunks_audited(chunks: Iterator[list[Record]], args: tuple, with_rows: bool, client, workers: int | None):
+def _chunks_audited(chunks: Iterator[list[Record]], args: tuple, output: str | None, client, workers: int | None):
     """(tally, rows table or None, count) per chunk, in input order: in this process, in a pool of
     worker processes, or on a Dask cluster, with a bounded number of chunks in flight."""
     from functools import partial
 
-    work = partial(audit_chunk_counted, args, with_rows)
+    work = partial(audit_chunk_counted, args, output)
     if client is not None:
         limit = 2 * max(len(client.scheduler_info().get("workers", {})), 1)
         yield from _bounded(chunks, lambda chunk: client.submit(work, chunk, pure=False), lambda f: f.result(), limit)

@@ -10,8 +10,9 @@ Policies (what ``keep`` means):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -26,34 +27,70 @@ KEEP = {
 }
 
 
-def export_table(records: Sequence[Record], audited: pd.DataFrame, policy: str) -> pd.DataFrame:
-    """One row per record: ``id, dataset, ids, ids_source, status, cause, causes, keep``."""
+COLUMNS = ["id", "dataset", "ids", "ids_source", "status", "cause", "causes", "keep"]
+
+
+def check_policy(policy: str) -> None:
     if policy not in KEEP:
         raise ReconError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+
+
+def export_rows(records: Sequence[Record], rows: Iterable[Mapping], policy: str) -> list[dict]:
+    """One export row per record and its audit row (with ``recon_ids``): ``COLUMNS``."""
+    check_policy(policy)
+    keep = KEEP[policy]
+    out = []
+    for rec, row in zip(records, rows):
+        if "recon_ids" not in row:
+            raise ReconError("the audit has no recon_ids; run audit_records(..., keep_ids=True)")
+        recon = row["recon_ids"]
+        if rec.output_ids is not None:
+            ids, source = list(rec.output_ids), "ground_truth"
+        elif recon is not None:
+            ids, source = list(recon), "reconstruction"
+        else:
+            ids, source = None, "none"
+        out.append({"id": row["id"], "dataset": row["dataset"], "ids": ids, "ids_source": source,
+                    "status": row["status"], "cause": row["cause"], "causes": list(row["causes"] or []),
+                    "keep": row["status"] in keep and ids is not None})
+    return out
+
+
+def export_table(records: Sequence[Record], audited: pd.DataFrame, policy: str) -> pd.DataFrame:
+    """One row per record: ``id, dataset, ids, ids_source, status, cause, causes, keep``."""
+    check_policy(policy)
     if "recon_ids" not in audited.columns:
         raise ReconError("the audit has no recon_ids; run audit_records(..., keep_ids=True)")
-    ids, source = [], []
-    for rec, recon in zip(records, audited["recon_ids"]):
-        if rec.output_ids is not None:
-            ids.append(list(rec.output_ids))
-            source.append("ground_truth")
+    return pd.DataFrame(export_rows(records, audited.to_dict("records"), policy), columns=COLUMNS)
+
+
+def arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("dataset", pa.string()), ("ids", pa.list_(pa.int64())),
+                      ("ids_source", pa.string()), ("status", pa.string()), ("cause", pa.string()),
+                      ("causes", pa.list_(pa.string())), ("keep", pa.bool_())])
+
+
+class TableWriter:
+    """Arrow tables appended to one file as they come: Parquet (``.parquet``) or JSONL (anything else)."""
+
+    def __init__(self, path: str | Path, schema):
+        import pyarrow.parquet as pq
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.suffix == ".parquet":
+            self._parquet, self._lines = pq.ParquetWriter(self.path, schema), None
         else:
-            ids.append(None if recon is None else list(recon))
-            source.append("reconstruction" if recon is not None else "none")
-    table = pd.DataFrame({
-        "id": audited["id"], "dataset": audited["dataset"], "ids": ids, "ids_source": source,
-        "status": audited["status"], "cause": audited["cause"], "causes": audited["causes"],
-    })
-    table["keep"] = table["status"].isin(KEEP[policy]) & table["ids"].notna()
-    return table
+            self._parquet, self._lines = None, open(self.path, "w", encoding="utf-8")
 
+    def write(self, table) -> None:
+        if self._parquet is not None:
+            self._parquet.write_table(table)
+        else:
+            for row in table.to_pylist():
+                self._lines.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
 
-def write_table(table: pd.DataFrame, path: str | Path) -> Path:
-    """Parquet (``.parquet``) or JSONL (anything else)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".parquet":
-        table.to_parquet(path, index=False)
-    else:
-        table.to_json(path, orient="records", lines=True, force_ascii=False)
-    return path
+    def close(self) -> None:
+        (self._parquet or self._lines).close()

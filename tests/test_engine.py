@@ -73,3 +73,22 @@ def test_two_worker_processes_are_identical(tmp_path, in_process, monkeypatch):
     assert pools == [2]  # seven chunks went to a pool of two processes
     _same(in_process, pq.read_table(tmp_path / "rows.parquet").to_pandas())
     assert run.summary == audit_files(DATA, **ARGS, chunk_size=50, workers=1, progress=False).summary
+
+
+def test_export_streams_through_the_engine_as_the_in_memory_export_does(tmp_path, tokenizers):
+    from recon.errors import ReconError
+    from recon.export import export_table
+
+    records = read_records(DATA).records
+    want = export_table(records, audit_records(records, load_profile("chatml").bind(tokenizers["smollm2"]), "concat",
+                                               keep_ids=True), "exact-only")
+    run = audit_files(DATA, **ARGS, chunk_size=50, workers=2, export_path=tmp_path / "train.jsonl", policy="exact-only",
+                      progress=False)
+    got = pd.read_json(tmp_path / "train.jsonl", lines=True, dtype=False)
+    assert run.kept == 171 == int(want["keep"].sum())
+    for col in ("id", "ids", "ids_source", "status", "keep"):
+        assert got[col].tolist() == want[col].tolist(), col
+    parquet = audit_files(DATA, **ARGS, workers=1, export_path=tmp_path / "train.parquet", policy="fallback", progress=False)
+    assert parquet.kept == 320 and pq.read_table(tmp_path / "train.parquet").column("keep").to_pylist() == [True] * 320
+    with pytest.raises(ReconError, match="not both"):
+        audit_files(DATA, **ARGS, rows_path=tmp_path / "r.parquet", export_path=tmp_path / "e.parquet", progress=False)
