@@ -86,6 +86,7 @@ def audit_chunk_counted(args: tuple, output: str | None, records: Sequence[Recor
 class AuditRun:
     summary: dict
     errors: list[RecordError] = field(default_factory=list)
+    #: where the rows went: the audit rows, or the export
     rows_path: Path | None = None
     #: with an export: how many rows have ``keep`` set
     kept: int | None = None
