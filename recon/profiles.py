@@ -24,6 +24,8 @@ from .records import Response, ToolCall
 from .tokenizer import Tokenizer
 
 PLACEHOLDER = re.compile(r"\{(name|arguments|index|id)\}")
+#: Where a byte of an output lies, in the order the grammar puts them (see :meth:`BoundProfile.regions`).
+REGIONS = ("reasoning", "content", "tool_call", "end")
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,37 @@ class ParseOptions:
     skip_special_tokens: bool = False    # drop special tokens outside the grammar from the text (servers' default)
 
 
+@dataclass(frozen=True)
+class _Grammar:
+    open: str | bytes
+    close: str | bytes
+    end: str | bytes
+    separator: str | bytes
+    section: re.Pattern | None  # where the calls section starts
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Offsets into one output: ``[0, content_start)`` reasoning (tags included), then content up to
+    ``content_end``, the calls section from ``tools_from`` (its separator) or ``section`` (its first
+    text), the end token from ``end_at``."""
+
+    reasoning: tuple[int, int] | None  # the reasoning text, without its tags
+    content_start: int
+    content_end: int
+    tools_from: int
+    section: int | None
+    end_at: int
+    finish: str
+
+
 class BoundProfile:
     """A profile with its special tokens looked up in one tokenizer."""
 
     def __init__(self, profile: Profile, tok: Tokenizer, special_ids: dict[str, int]):
         self.profile, self.tok, self.special_ids = profile, tok, special_ids
         self.end_id = special_ids.get(profile.end)
+        self._grammars: dict[type, _Grammar] = {}
 
     @cached_property
     def _special_split(self) -> re.Pattern | None:
@@ -233,56 +260,107 @@ class BoundProfile:
         template = self.profile.call or ""
         pattern, pos = "", 0
         for m in PLACEHOLDER.finditer(template):
-            pattern += re.escape(template[pos : m.start()])
+            pattern += self._loose(template[pos : m.start()])
             pattern += {"name": r"(?P<name>[^\s<>{}\"]+?)", "arguments": r"(?P<arguments>.*?)",
                         "index": r"(?P<index>\d+)", "id": r"(?P<id>[^<>\s]+?)"}[m.group(1)]
             pos = m.end()
-        return re.compile(pattern + re.escape(template[pos:]), re.S)
+        return re.compile(pattern + self._loose(template[pos:]), re.S)
+
+    def _loose(self, literal: str) -> str:
+        """A pattern for grammar text that a model may space differently: any whitespace where the
+        template has some, and, around a JSON wrapper's ``{ } : ,``, optional whitespace
+        (``{"name":"f"`` is the same call as the template's ``{"name": "f"``, so it is found as one)."""
+        out: list[str] = []
+        for ch in literal:
+            if ch.isspace():
+                piece = r"\s*"
+            elif self.profile.arguments == "json" and ch in "{}:,":
+                piece = r"\s*" + re.escape(ch) + r"\s*"
+            else:
+                piece = re.escape(ch)
+            out.append(piece)
+        return re.sub(r"(\\s\*)+", r"\\s*", "".join(out))
+
+    def _grammar(self, kind: type) -> "_Grammar":
+        """The fixed strings and the calls-section pattern as ``str`` (parsing) or ``bytes`` (regions)."""
+        cache = self._grammars
+        if kind not in cache:
+            p = self.profile
+            conv = (lambda t: t) if kind is str else (lambda t: t.encode("utf-8"))
+            section = None
+            if p.has_tools:
+                first = self._loose(p.tools_begin) if p.tools_begin else self._loose(PLACEHOLDER.split(p.call)[0])
+                section = re.compile(conv(first), re.S) if first else None
+            cache[kind] = _Grammar(conv(p.reasoning_open or ""), conv(p.reasoning_close or ""), conv(p.end),
+                                   conv(p.content_tools_separator), section)
+        return cache[kind]
+
+    def _layout(self, text, g: "_Grammar") -> "_Layout":
+        """Where reasoning, content, the calls section and the end token lie in an output (``str``
+        or ``bytes``): the one reading of the grammar that both :meth:`parse_text` and
+        :meth:`regions` use, so the audit's regions are where a parser puts each part."""
+        p = self.profile
+        n, finish = len(text), "length"
+        if text.endswith(g.end):
+            n, finish = n - len(g.end), "stop"
+        body, start = None, 0
+        if p.has_reasoning:
+            opened = bool(g.open) and text.startswith(g.open)
+            begin = len(g.open) if opened else 0
+            close_at = text.find(g.close, begin, n)
+            if close_at >= 0 and (opened or not g.open):
+                body, start = (begin, close_at), close_at + len(g.close)
+            elif opened or (not g.open and finish == "length" and p.unclosed == "reasoning"):
+                body, start = (begin, n), n
+        content_end = tools_from = section = n
+        m = g.section.search(text, start, n) if g.section is not None else None
+        if m is not None:
+            content_end = tools_from = section = m.start()
+            if g.separator and text.endswith(g.separator, start, section):
+                content_end = tools_from = section - len(g.separator)
+        return _Layout(body, start, content_end, tools_from, section if m is not None else None, n, finish)
+
+    def regions(self, output: str | bytes) -> list[tuple[str, int, int]]:
+        """``(region, start, end)`` spans covering an output, in order, empty ones left out:
+        ``reasoning`` (open tag, text, close tag), ``content``, ``tool_call`` (the whole calls
+        section: the separator before it, wrapper text, names, ids, arguments, separators) and
+        ``end`` (the end token). Offsets count bytes for ``bytes``, characters for ``str``.
+        The audit names a divergence by these (see docs/audit.md)."""
+        g = self._grammar(type(output))
+        lay = self._layout(output, g)
+        spans = [("reasoning", 0, lay.content_start), ("content", lay.content_start, lay.content_end),
+                 ("tool_call", lay.tools_from, lay.end_at), ("end", lay.end_at, len(output))]
+        return [s for s in spans if s[2] > s[1]]
 
     def parse_text(self, text: str, options: ParseOptions | None = None) -> Response:
         """The API view a server's reasoning and tool-call parsers make of an output's text."""
         p, o = self.profile, options or ParseOptions()
-        finish = "length"
-        if text.endswith(p.end):
-            text, finish = text[: -len(p.end)], "stop"
-        reasoning = None
-        if p.has_reasoning:
-            opened = p.reasoning_open and text.startswith(p.reasoning_open)
-            body = text[len(p.reasoning_open):] if opened else text
-            close_at = body.find(p.reasoning_close)
-            if close_at >= 0 and (opened or not p.reasoning_open):
-                reasoning, text = body[:close_at], body[close_at + len(p.reasoning_close):]
-                if o.drop_newline_after_close and text.startswith("\n"):
-                    text = text[1:]
-            elif opened or (not p.reasoning_open and finish == "length" and p.unclosed == "reasoning"):
-                reasoning, text = body, ""
+        lay = self._layout(text, self._grammar(str))
+        finish = lay.finish
+        reasoning = text[lay.reasoning[0] : lay.reasoning[1]] if lay.reasoning is not None else None
+        content = text[lay.content_start : lay.content_end]
+        if o.drop_newline_after_close and reasoning is not None and content.startswith("\n"):
+            content = content[1:]
         calls: list[ToolCall] = []
-        if p.has_tools:
-            first = p.tools_begin or PLACEHOLDER.split(p.call)[0]
-            at = text.find(first) if first else -1
-            if at >= 0:
-                section, text = text[at:], text[:at]
-                if p.content_tools_separator and text.endswith(p.content_tools_separator):
-                    text = text[: -len(p.content_tools_separator)]
-                for k, m in enumerate(self._call_pattern.finditer(section)):
-                    groups = m.groupdict()
-                    name = groups.get("name")
-                    if name is None and groups.get("id"):
-                        id_match = re.fullmatch(re.escape(p.call_id or "").replace(r"\{name\}", "(?P<name>.+?)").replace(r"\{index\}", r"\d+"), groups["id"])
-                        name = id_match.group("name") if id_match else groups["id"]
-                    arguments = groups.get("arguments", "")
-                    if o.reserialize_arguments:
-                        try:
-                            arguments = json.dumps(json.loads(arguments))
-                        except json.JSONDecodeError:
-                            pass
-                    call_id = groups.get("id") or self.call_id(name, k)
-                    if o.renumber_ids:
-                        call_id = f"call_{k}"
-                    calls.append(ToolCall(call_id, name, arguments))
-                if calls and finish == "stop":
-                    finish = "tool_calls"
-        content = text
+        if lay.section is not None:
+            for k, m in enumerate(self._call_pattern.finditer(text[lay.section : lay.end_at])):
+                groups = m.groupdict()
+                name = groups.get("name")
+                if name is None and groups.get("id"):
+                    id_match = re.fullmatch(re.escape(p.call_id or "").replace(r"\{name\}", "(?P<name>.+?)").replace(r"\{index\}", r"\d+"), groups["id"])
+                    name = id_match.group("name") if id_match else groups["id"]
+                arguments = groups.get("arguments", "")
+                if o.reserialize_arguments:
+                    try:
+                        arguments = json.dumps(json.loads(arguments))
+                    except json.JSONDecodeError:
+                        pass
+                call_id = groups.get("id") or self.call_id(name, k)
+                if o.renumber_ids:
+                    call_id = f"call_{k}"
+                calls.append(ToolCall(call_id, name, arguments))
+            if calls and finish == "stop":
+                finish = "tool_calls"
         if o.strip_content:
             content = content.strip()
             reasoning = reasoning.strip() if reasoning is not None else None
