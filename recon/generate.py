@@ -98,12 +98,12 @@ class LocalModel:
 
     def render(self, messages: list[dict]) -> str:
         """The generation prompt as the model's own chat template renders it."""
-        import jinja2
+        from .templates import render_chat_template
 
         if not self.chat_template:
             raise ReconError(f"{self.tokenizer.source}: no chat template in the GGUF metadata")
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-        return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=True)
+        return render_chat_template(self.chat_template, f"{self.tokenizer.source} (tokenizer.chat_template)",
+                                    messages=messages, add_generation_prompt=True)
 
     def sample(self, prompts_ids: Sequence[list[int]], *, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> list[Sample]:
         """Sample one continuation per prompt (left-padded batch); ids exactly as sampled."""
