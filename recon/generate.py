@@ -57,6 +57,20 @@ class Sample:
     output_ids: list[int]
     finish_reason: str
     logprobs: list[float] = field(default_factory=list)
+    #: per sampled token, the ``top_logprobs`` most likely (id, logprob) at that step, best first
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+@dataclass
+class SequenceLogprobs:
+    """Per position of one scored sequence (index 0 is None: nothing precedes it)."""
+
+    #: log P(ids[i] | ids[:i]) at the temperature asked for (1: the model's own distribution)
+    logprobs: list[float | None]
+    #: 1-based rank of ids[i] in that distribution (1 = the most likely token)
+    ranks: list[int | None]
+    #: the ``top_k`` most likely (id, logprob) there, best first; empty lists when top_k=0
+    top: list[list[tuple[int, float]]]
 
 
 def batch_seed(seed: int, batch_index: int) -> int:
@@ -105,8 +119,13 @@ class LocalModel:
         return render_chat_template(self.chat_template, f"{self.tokenizer.source} (tokenizer.chat_template)",
                                     messages=messages, add_generation_prompt=True)
 
-    def sample(self, prompts_ids: Sequence[list[int]], *, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> list[Sample]:
-        """Sample one continuation per prompt (left-padded batch); ids exactly as sampled."""
+    def sample(self, prompts_ids: Sequence[list[int]], *, temperature: float, top_p: float, max_new_tokens: int, seed: int,
+               top_logprobs: int = 0) -> list[Sample]:
+        """Sample one continuation per prompt (left-padded batch); ids exactly as sampled.
+
+        Logprobs are of the model's own distribution at each step (before temperature and top-p,
+        vLLM's default); with ``top_logprobs`` each step also keeps its k most likely ids, which
+        is what an OpenAI-compatible server reports as ``top_logprobs``."""
         torch = self.torch
         width = max(map(len, prompts_ids))
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts_ids])
@@ -121,6 +140,7 @@ class LocalModel:
             )
         new = out.sequences[:, width:].tolist()
         step_logprobs = [torch.log_softmax(step.float(), dim=-1) for step in out.logits]
+        step_top = [lp.topk(top_logprobs, dim=-1) for lp in step_logprobs] if top_logprobs > 0 else []
         samples = []
         for row, ids in enumerate(new):
             if self.eos_id in ids:
@@ -129,8 +149,66 @@ class LocalModel:
             else:
                 reason = "length"
             lps = [float(step_logprobs[k][row, tid]) for k, tid in enumerate(ids)]
-            samples.append(Sample(ids, reason, lps))
+            top = [list(zip(step_top[k].indices[row].tolist(), step_top[k].values[row].tolist()))
+                   for k in range(len(ids))] if step_top else []
+            samples.append(Sample(ids, reason, lps, top))
         return samples
+
+    def token_logprobs(self, sequences: Sequence[Sequence[int]], *, top_k: int = 0, temperature: float = 1.0,
+                       batch_tokens: int = 2048) -> list[SequenceLogprobs]:
+        """Teacher-forced scores: for every sequence, log P(ids[i] | ids[:i]) (at ``temperature``:
+        softmax of logits / T, the distribution a sampler at T draws from) for each i >= 1 (position 0 has no context, so None), the token's 1-based rank in that
+        distribution, and with ``top_k`` the k most likely ids there.
+
+        This is what an OpenAI-compatible server's ``prompt_logprobs`` reports, and what recovery
+        scores candidate segmentations with. Sequences go through the model in batches of about
+        ``batch_tokens`` tokens (right-padded, attention-masked, so padding never changes a real
+        position's score), in float32 under ``inference_mode``.
+        """
+        torch = self.torch
+        seqs = [list(map(int, s)) for s in sequences]
+        out: list[SequenceLogprobs | None] = [None] * len(seqs)
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # similar lengths pad little
+        start = 0
+        while start < len(order):
+            stop = start + 1
+            while stop < len(order) and len(seqs[order[stop]]) * (stop + 1 - start) <= batch_tokens:
+                stop += 1
+            batch = [seqs[i] for i in order[start:stop]]
+            width = max(map(len, batch))
+            if width == 0:
+                for i in order[start:stop]:
+                    out[i] = SequenceLogprobs([], [], [])
+                start = stop
+                continue
+            input_ids = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in batch])
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch])
+            with torch.inference_mode():
+                logits = self.model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].float()
+                if temperature != 1.0:
+                    logits /= temperature
+                lse = torch.logsumexp(logits, dim=-1)  # no second vocab-sized tensor for log_softmax
+                picked = logits.gather(-1, input_ids[:, 1:].unsqueeze(-1))
+                ranks = (logits > picked).sum(-1) + 1
+                chosen = picked.squeeze(-1) - lse
+                top = None
+                if top_k > 0:
+                    values, indices = logits.topk(top_k, dim=-1)
+                    top = (indices, values - lse.unsqueeze(-1))
+                del logits
+            for row, i in enumerate(order[start:stop]):
+                n = len(seqs[i]) - 1
+                lps: list[float | None] = [None] + chosen[row, :n].tolist() if n >= 0 else []
+                rks: list[int | None] = [None] + ranks[row, :n].tolist() if n >= 0 else []
+                tops: list[list[tuple[int, float]]] = [[]]
+                if top is not None:
+                    ids_t, vals_t = top[0][row, :n].tolist(), top[1][row, :n].tolist()
+                    tops += [list(zip(a, b)) for a, b in zip(ids_t, vals_t)]
+                else:
+                    tops += [[] for _ in range(n)]
+                out[i] = SequenceLogprobs(lps, rks, tops)
+            start = stop
+        return out  # type: ignore[return-value]
 
     def response(self, sample: Sample, *, logprobs: bool = True) -> Response:
         """The completion as an OpenAI-compatible server returns it: special tokens skipped in the
