@@ -31,6 +31,26 @@ from .tokenizer import AddedToken, HFTokenizer, TiktokenTokenizer, Tokenizer
 
 RANKS_NAMES = ("tiktoken.model",)
 ROLES = ("bos", "eos", "pad", "unk")
+#: How far ids may run past the number of tokens a file really holds. Real vocabularies are
+#: dense, with at most a few hundred reserved ids at the end (Kimi: 256); every id below the
+#: largest becomes a table row later, so a file declaring id 10**12 must be refused, not filled.
+MAX_ID_GAP = 65_536
+
+
+def _check_id_range(where: object, field: str, largest: int, tokens: int) -> None:
+    """Refuse a largest id far beyond the number of tokens (see :data:`MAX_ID_GAP`)."""
+    if largest >= tokens + MAX_ID_GAP:
+        raise TokenizerLoadError(
+            f"{where}: {field}: id {largest} is far beyond the {tokens} tokens this tokenizer has "
+            f"(at most {MAX_ID_GAP} ids of gap are accepted)"
+        )
+
+
+def _native_failure(e: BaseException) -> bool:
+    """True for an error raised inside a Rust core (tokenizers, tiktoken): a plain ``Exception``,
+    or pyo3's ``PanicException``, which derives from ``BaseException`` so ``except Exception``
+    misses it. Interrupts and exits are not failures to report."""
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
 
 
 def load_tokenizer(spec: str | Path, *, family: str | None = None) -> Tokenizer:
@@ -101,9 +121,11 @@ def _auto_map_text(config: dict) -> str:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
         raise TokenizerLoadError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise TokenizerLoadError(f"{path}: not usable JSON (nested too deeply)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise TokenizerLoadError(f"{path}: cannot read ({e})") from None
     if not isinstance(data, dict):
@@ -139,6 +161,8 @@ def _declared_from_config(config: dict) -> dict[int, AddedToken]:
         content = entry.get("content") if isinstance(entry, dict) else None
         if not isinstance(content, str) or not content:
             raise TokenizerLoadError(f"{where}: {field}: missing or empty 'content'")
+        if not isinstance(entry.get("special", False), bool):
+            raise TokenizerLoadError(f"{where}: {field}: 'special' must be true or false")
         if content in seen:
             raise TokenizerLoadError(
                 f"{where}: {field}: {content!r} is declared twice (ids {seen[content]} and {token_id})"
@@ -168,8 +192,14 @@ def load_hf_json(path: Path, config: dict | None = None, *, name: str | None = N
     _read_json(path)  # a clear message for broken JSON before tokenizers' own
     try:
         core = Core.from_file(str(path))
-    except Exception as e:  # tokenizers raises plain Exception subclasses with Rust messages
+    except BaseException as e:  # tokenizers raises plain Exception subclasses with Rust messages
+        if not _native_failure(e):
+            raise
         raise TokenizerLoadError(f"{path}: not a tokenizer.json the tokenizers library can read ({e})") from None
+    vocab = core.get_vocab(with_added_tokens=True)
+    if not vocab:
+        raise TokenizerLoadError(f"{path}: model.vocab: the vocabulary is empty")
+    _check_id_range(path, "model.vocab", max(vocab.values()), len(vocab))
     added = tuple(
         AddedToken(i, t.content, bool(t.special)) for i, t in sorted(core.get_added_tokens_decoder().items())
     )
@@ -200,14 +230,16 @@ def read_ranks(path: Path, limit: int | None = None) -> dict[bytes, int]:
             continue
         parts = line.split()
         try:
-            if len(parts) != 2:
+            if len(parts) != 2 or not parts[1].isdigit() or len(parts[1]) > 10:
                 raise ValueError
             token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
         except (ValueError, binascii.Error):
             shown = line[:60].decode("utf-8", "replace")
             raise TokenizerLoadError(f"{path}, line {lineno}: expected 'BASE64 RANK', got {shown!r}") from None
-        if token in ranks or rank in seen_ranks or rank < 0:
-            raise TokenizerLoadError(f"{path}, line {lineno}: duplicate or negative rank/token (rank {rank})")
+        if not token:
+            raise TokenizerLoadError(f"{path}, line {lineno}: empty token (rank {rank})")
+        if token in ranks or rank in seen_ranks:
+            raise TokenizerLoadError(f"{path}, line {lineno}: duplicate rank or token (rank {rank})")
         ranks[token] = rank
         seen_ranks.add(rank)
     if not ranks:
@@ -250,6 +282,9 @@ def build_tiktoken(
     """A ``tiktoken.Encoding`` with the declared specials at their ids, gaps filled if the family does."""
     import tiktoken
 
+    _check_id_range(source, "ranks", max(ranks.values(), default=0), len(ranks))
+    if declared:
+        _check_id_range(config_path, "added_tokens_decoder", max(declared), len(ranks))
     by_rank = {rank: token for token, rank in ranks.items()}
     for token_id, tok in declared.items():
         if token_id in by_rank:
@@ -270,7 +305,9 @@ def build_tiktoken(
             mergeable_ranks=ranks,
             special_tokens={t.content: i for i, t in specials.items()},
         )
-    except Exception as e:  # tiktoken reports a bad pattern or layout as ValueError/Rust panic
+    except BaseException as e:  # tiktoken reports a bad pattern or layout as ValueError/Rust panic
+        if not _native_failure(e):
+            raise
         raise TokenizerLoadError(f"{source}: tiktoken could not build this tokenizer ({e})") from None
     return TiktokenTokenizer(
         core,
@@ -306,24 +343,28 @@ def load_gguf(path: Path, *, name: str | None = None) -> HFTokenizer:
     from tokenizers import Tokenizer as Core
 
     meta = read_gguf_metadata(path)
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if not tokens:
+    if "tokenizer.ggml.tokens" not in meta:
         raise TokenizerLoadError(f"{path}: GGUF file has no vocabulary (no tokenizer.ggml.tokens)")
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise TokenizerLoadError(
-            f"{path}: GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2'); "
-            "load the model's tokenizer.json instead"
+            f"{path}: key tokenizer.ggml.model: GGUF tokenizer model {model!r} is not supported "
+            "(only byte-level BPE, 'gpt2'); load the model's tokenizer.json instead"
         )
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in GGUF_PRE:
+    if not isinstance(pre, str) or pre not in GGUF_PRE:
         raise TokenizerLoadError(
-            f"{path}: GGUF pre-tokenizer {pre!r} is not known to recon (known: {', '.join(sorted(GGUF_PRE))}); "
-            "load the model's tokenizer.json instead"
+            f"{path}: key tokenizer.ggml.pre: GGUF pre-tokenizer {pre!r} is not known to recon "
+            f"(known: {', '.join(sorted(GGUF_PRE))}); load the model's tokenizer.json instead"
         )
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    tokens, types, merges, role_ids = _gguf_vocabulary(meta, path)
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    core = Core(models.BPE(vocab, merges, fuse_unk=False))
+    try:
+        core = Core(models.BPE(vocab, merges, fuse_unk=False))
+    except BaseException as e:  # belt and braces: _gguf_vocabulary checks what tokenizers would refuse
+        if not _native_failure(e):
+            raise
+        raise TokenizerLoadError(f"{path}: key tokenizer.ggml.merges: tokenizers refused the vocabulary ({e})") from None
     how, regex = GGUF_PRE[pre]
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=how != "split")
     if how == "digits":
@@ -334,20 +375,68 @@ def load_gguf(path: Path, *, name: str | None = None) -> HFTokenizer:
     else:
         core.pre_tokenizer = byte_level
     core.decoder = decoders.ByteLevel()
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    added = [
-        AddedToken(i, tokens[i], types[i] == CONTROL) for i in range(len(tokens)) if types[i] in (CONTROL, USER_DEFINED)
-    ]
+    added = [AddedToken(i, tokens[i], types[i] == CONTROL) for i in range(len(tokens)) if types[i] in (CONTROL, USER_DEFINED)]
     core.add_tokens([CoreAddedToken(t.content, special=t.special, normalized=False) for t in added])
-    roles = {
-        role: tokens[meta[f"tokenizer.ggml.{key}_token_id"]]
-        for role, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown"))
-        if isinstance(meta.get(f"tokenizer.ggml.{key}_token_id"), int)
-        and 0 <= meta[f"tokenizer.ggml.{key}_token_id"] < len(tokens)
-    }
+    roles = {role: tokens[i] for role, i in role_ids.items()}
     return HFTokenizer(
         core, name=name or str(path), source=path, kind="gguf", added_tokens=tuple(added), roles=roles
     )
+
+
+def _gguf_vocabulary(meta: dict, path: Path) -> tuple[list[str], list[int], list[tuple[str, str]], dict[str, int]]:
+    """The header's tokens, token types, merges and role ids, each checked for type and range so
+    that a malformed file is refused with the key named instead of loading a wrong vocabulary
+    (or crashing inside ``tokenizers``)."""
+
+    def fail(key: str, problem: str) -> TokenizerLoadError:
+        return TokenizerLoadError(f"{path}: key tokenizer.ggml.{key}: {problem}")
+
+    tokens = meta["tokenizer.ggml.tokens"]
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise fail("tokens", f"expected an array of strings, got {_gguf_type_name(tokens)}")
+    if not tokens:
+        raise TokenizerLoadError(f"{path}: GGUF file has no vocabulary (tokenizer.ggml.tokens is empty)")
+    first: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        if not tok:
+            raise fail("tokens", f"token {i} is the empty string")
+        if first.setdefault(tok, i) != i:
+            raise fail("tokens", f"token {tok!r} appears twice (ids {first[tok]} and {i})")
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is None:
+        types = [1] * len(tokens)
+    elif not isinstance(types, list) or not all(type(t) is int for t in types):
+        raise fail("token_type", f"expected an array of integers, got {_gguf_type_name(types)}")
+    elif len(types) != len(tokens):
+        raise fail("token_type", f"{len(types)} types for {len(tokens)} tokens (one per token expected)")
+    raw_merges = meta.get("tokenizer.ggml.merges", [])
+    if not isinstance(raw_merges, list) or not all(isinstance(m, str) for m in raw_merges):
+        raise fail("merges", f"expected an array of strings, got {_gguf_type_name(raw_merges)}")
+    merges = []
+    for k, merge in enumerate(raw_merges):
+        left, sep, right = merge.partition(" ")
+        if not sep or not left or not right:
+            raise fail("merges", f"merge {k} is {merge[:60]!r}, not 'LEFT RIGHT'")
+        for part in (left, right, left + right):
+            if part not in first:
+                raise fail("merges", f"merge {k} ({merge[:60]!r}): {part[:60]!r} is not in the vocabulary")
+        merges.append((left, right))
+    role_ids = {}
+    for role, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown")):
+        value = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if value is None:
+            continue
+        if type(value) is not int or not 0 <= value < len(tokens):
+            raise fail(f"{key}_token_id", f"{value!r} is not a token id (0..{len(tokens) - 1})")
+        role_ids[role] = value
+    return tokens, types, merges, role_ids
+
+
+def _gguf_type_name(value: object) -> str:
+    if isinstance(value, list):
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"an array of {'/'.join(kinds) or 'nothing'}"
+    return f"a {type(value).__name__}"
 
 
 # -- short names ----------------------------------------------------------------------------------
