@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, BinaryIO, Iterator
 
 from .errors import ReconError
 
@@ -33,28 +35,111 @@ def bad_record_count(errors: list[RecordError]) -> int:
     return len({(e.path, e.line) for e in errors})
 
 
+#: The longest line read, in bytes. A longer line is reported and skipped without being held in
+#: memory, so one runaway line (or a file with no newlines) cannot exhaust it.
+MAX_LINE_BYTES = 256 * 1024 * 1024
+_BOM = b"\xef\xbb\xbf"
+#: a JSON escape of a UTF-16 surrogate: the only way JSON text can hold a string that is not Unicode
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _raw_lines(f: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """The file's lines as bytes (split at ``\\n`` only), ``None`` for a line over ``limit`` bytes,
+    which is read past in pieces and never held whole."""
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit and not line.endswith(b"\n"):
+            while True:
+                rest = f.readline(1 << 20)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield None
+            continue
+        yield line
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(obj: Any, where: str = "") -> str | None:
+    """The field (``response.content``, ``meta.note``...) of the first string holding a lone
+    UTF-16 surrogate (``"\\ud800"`` in JSON), which no tokenizer or UTF-8 writer accepts."""
+    if isinstance(obj, str):
+        return None if _is_text(obj) else (where or "(the line)")
+    if isinstance(obj, list):
+        children = [(f"{where}[{k}]", v) for k, v in enumerate(obj)]
+    elif isinstance(obj, dict):
+        if not all(_is_text(key) for key in obj):
+            return where or "(the line)"
+        children = [(f"{where}.{key}" if where else key, v) for key, v in obj.items()]
+    else:
+        return None
+    for name, value in children:
+        found = _lone_surrogate(value, name)
+        if found:
+            return found
+    return None
+
+
+def _parse_line(raw: bytes, path: Path, lineno: int, allow_arrays: bool) -> dict | list | RecordError | None:
+    """One line: the parsed object, a RecordError saying what is wrong with it, or None if blank."""
+    if lineno == 1 and raw.startswith(_BOM):
+        raw = raw[len(_BOM):]  # a UTF-8 byte-order mark (Windows editors write one) is not data
+    if not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return RecordError(str(path), lineno, "", f"not valid UTF-8 (byte {e.start} of the line)")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        return RecordError(str(path), lineno, "", f"not valid JSON ({e.msg}, column {e.colno})")
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        return RecordError(str(path), lineno, "", f"not usable JSON ({e})")
+    except RecursionError:
+        return RecordError(str(path), lineno, "", "not usable JSON (nested too deeply)")
+    if not isinstance(obj, dict) and not (allow_arrays and isinstance(obj, list)):
+        return RecordError(str(path), lineno, "", "expected a JSON object")
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            where = _lone_surrogate(obj)
+        except RecursionError:
+            return RecordError(str(path), lineno, "", "not usable JSON (nested too deeply)")
+        if where is not None:
+            return RecordError(str(path), lineno, where, "holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape), not text")
+    return obj
+
+
 def iter_json_lines(path: str | Path, *, allow_arrays: bool = False) -> Iterator[tuple[int, dict | list | RecordError]]:
     """(line number, parsed object or RecordError) for each non-blank line, streaming.
-    With ``allow_arrays`` a line may also hold a JSON array (a batched server response)."""
+    With ``allow_arrays`` a line may also hold a JSON array (a batched server response).
+
+    Lines are read as bytes and decoded one by one, so a line of invalid UTF-8 is reported and
+    the lines after it are still read. A UTF-8 BOM at the start of the file is skipped; CRLF line
+    ends are accepted (lines end at ``\\n``); a line over :data:`MAX_LINE_BYTES` is reported; a
+    gzip file that is cut or corrupt is read up to the damage, which is reported as one bad line."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
+        with opener(path, "rb") as f:
             lineno = 0
             try:
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
+                for lineno, raw in enumerate(_raw_lines(f, MAX_LINE_BYTES), 1):
+                    if raw is None:
+                        yield lineno, RecordError(str(path), lineno, "", f"line longer than {MAX_LINE_BYTES} bytes; skipped")
                         continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        yield lineno, RecordError(str(path), lineno, "", f"not valid JSON ({e.msg}, column {e.colno})")
-                        continue
-                    if not isinstance(obj, dict) and not (allow_arrays and isinstance(obj, list)):
-                        yield lineno, RecordError(str(path), lineno, "", "expected a JSON object")
-                        continue
-                    yield lineno, obj
-            except (EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
+                    item = _parse_line(raw, path, lineno, allow_arrays)
+                    if item is not None:
+                        yield lineno, item
+            except (EOFError, gzip.BadGzipFile, zlib.error) as e:
                 yield lineno + 1, RecordError(str(path), lineno + 1, "", f"file is cut or corrupt here ({e})")
     except FileNotFoundError:
         raise ReconError(f"{path}: no such file") from None

@@ -175,7 +175,11 @@ def _response(raw: Any, vocab_size: int | None, p: _Problems) -> Response | None
                 if not isinstance(args, str):
                     p.add(f"{where}.function.arguments", "missing or not a string")
                     continue
-                resp.tool_calls.append(ToolCall(str(call.get("id", "")), fn["name"], args, call.get("type", "function")))
+                call_type = call.get("type") or "function"
+                if not isinstance(call_type, str):
+                    p.add(f"{where}.type", "expected a string")
+                    continue
+                resp.tool_calls.append(ToolCall(str(call.get("id", "")), fn["name"], args, call_type))
     lp = raw.get("logprobs")
     if lp is not None:
         content = lp.get("content") if isinstance(lp, dict) else None
@@ -197,7 +201,12 @@ def _response(raw: Any, vocab_size: int | None, p: _Problems) -> Response | None
                 if tid is not None and _ids([tid], f"{where}.token_id", vocab_size, p) is None:
                     resp.logprobs = None
                     break
-                resp.logprobs.append(TokenLogprob(entry["token"], data, tid, entry.get("logprob")))
+                logprob = entry.get("logprob")
+                if logprob is not None and (type(logprob) not in (int, float)):
+                    p.add(f"{where}.logprob", f"expected a number or null, got {type(logprob).__name__}")
+                    resp.logprobs = None
+                    break
+                resp.logprobs.append(TokenLogprob(entry["token"], data, tid, logprob))
     return resp
 
 
@@ -248,8 +257,17 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, dict | RecordError]]:
         yield 1, RecordError(str(path), 1, "", f"not a readable Parquet file ({e})")
         return
     row = 0
-    for batch in parquet.iter_batches(batch_size=4096):
-        for obj in batch.to_pylist():
+    batches = parquet.iter_batches(batch_size=4096)
+    while True:
+        try:
+            batch = next(batches, None)
+            objs = None if batch is None else batch.to_pylist()
+        except Exception as e:  # a corrupt page or row group: report where reading stopped
+            yield row + 1, RecordError(str(path), row + 1, "", f"file is cut or corrupt from this row on ({e})")
+            return
+        if objs is None:
+            return
+        for obj in objs:
             row += 1
             yield row, {k: v for k, v in obj.items() if v is not None}
 
