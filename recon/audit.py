@@ -7,9 +7,13 @@ The mode follows from the record:
 * *paired* — ``output_ids`` and ``response``: reconstruct from the response, compare;
 * *reconstruct-only* — only ``response``: no verdict (status ``unverified``), flags only.
 
-Each stretch where the ids differ gets a cause; a sample's ``cause`` is its first divergence's,
-``causes`` keeps them all. Where both sides spell the same bytes, stretches are found by a linear
-walk over token boundaries; only past the first differing byte does ``difflib`` align the ids.
+Each stretch where the ids differ gets a region and a cause; a sample's ``region`` and ``cause``
+are its first divergence's, ``causes`` keeps them all. The region (reasoning, content, tool call,
+end: :meth:`recon.profiles.BoundProfile.regions` on each side's bytes) is decided first, because
+the same difference means different things in different places: a space missing inside a tool
+call is the call's re-serialization, at the edge of the content an API's trim. Where both sides
+spell the same bytes, stretches are found by a linear walk over token boundaries; only past the
+first differing byte does ``difflib`` align the ids.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from .profiles import BoundProfile, ParseOptions
+from .profiles import REGIONS, BoundProfile, ParseOptions
 from .reconstruct import METHODS, Reconstruction, reconstruct_batch
 from .records import Record, Response
 
@@ -32,7 +36,7 @@ CAUSES = (
     "special_text_collision",  # content holds a special token's text, which re-encodes as the special id
     "special_token_mismatch",  # a special id differs, is missing or extra
     "whitespace_trim",         # the API view lost or gained whitespace at a boundary
-    "tool_call_format",        # arguments re-serialized, ids renumbered, calls reordered
+    "tool_call_format",        # bytes differ inside the calls section: JSON re-spaced, ids renumbered, ...
     "missing_end_token",       # truncated: no end token on one side
     "other",
 )
@@ -41,7 +45,7 @@ REPLACEMENT = "\ufffd".encode()
 WINDOW = 8
 
 COLUMNS = [
-    "id", "dataset", "mode", "method", "status", "cause", "causes", "first_diff", "rel_pos", "len_truth",
+    "id", "dataset", "mode", "method", "status", "cause", "causes", "region", "first_diff", "rel_pos", "len_truth",
     "len_recon", "truth_piece", "recon_piece", "truth_id", "recon_id", "truth_window", "recon_window",
     "truth_pieces", "recon_pieces", "context_truth", "context_recon", "last_id", "flags", "error",
 ]
@@ -56,6 +60,8 @@ class Divergence:
     j1: int
     j2: int
     cause: str
+    #: where it lies: the first of :data:`recon.profiles.REGIONS` its differing bytes touch on either side
+    region: str | None = None
 
 
 def mode_of(record: Record, mode: str = "auto") -> str:
@@ -72,26 +78,49 @@ def _is_whitespace_only_change(a: bytes, b: bytes) -> bool:
     return b"".join(a.split()) == b"".join(b.split())
 
 
-def _tool_spans(bound: BoundProfile, view: Response | None) -> list[tuple[int, int]]:
-    """Byte spans of tool-call text (names, arguments, ids) in the rendered output."""
-    if view is None or not view.tool_calls:
-        return []
-    spans, pos, inside = [], 0, False
-    for part in bound.render_parts(view):
-        size = len(part.text.encode("utf-8"))
-        if part.field.startswith("tool_calls") or (inside and part.kind == "literal"):
-            spans.append((pos, pos + size))
-        if part.text == bound.profile.tools_begin or part.field.startswith("tool_calls"):
-            inside = True
-        pos += size
+def _offsets(tok, ids: Sequence[int]) -> list[int]:
+    """Byte offset of every token boundary: ``ids[k]`` spans ``[offsets[k], offsets[k + 1])``."""
+    return [0, *accumulate(map(tok.token_lengths.__getitem__, ids))]
+
+
+def _spans(bound: BoundProfile, ids: Sequence[int], data: bytes) -> list[tuple[str, int, int]]:
+    """Regions of one side's bytes. A special token that ends the sample without being the
+    grammar's end (``<|endoftext|>`` where ``<|im_end|>`` belongs) is the sample's end too."""
+    spans = bound.regions(data)
+    last = ids[-1] if ids else None
+    if (last is not None and last in bound.tok.special_ids and last != bound.end_id
+            and last not in bound.special_ids.values() and spans and spans[-1][0] != "end"):
+        cut = len(data) - bound.tok.token_lengths[last]
+        spans = [(r, a, min(b, cut)) for r, a, b in spans if a < cut] + [("end", cut, len(data))]
     return spans
+
+
+def _touched(spans: list[tuple[str, int, int]], lo: int, hi: int) -> set[str]:
+    return {r for r, a, b in spans if a < hi and lo < b}
+
+
+def _differing(a: bytes, b: bytes) -> tuple[int, int, int, int]:
+    """The byte ranges of ``a`` and ``b`` (a1, a2, b1, b2) that differ, shared start and end set
+    aside. Bytes gained or lost in a run (``"\n\n"`` vs ``"\n"``) could be any of the run's,
+    so the whole run counts. Same bytes: everything (a re-segmentation differs in its cuts)."""
+    m = min(len(a), len(b))
+    p = _common_prefix(a, b)
+    s = _common_prefix(a[::-1], b[::-1])
+    lo, tail = min(p, m - s), min(s, m - p)
+    return lo, len(a) - tail, lo, len(b) - tail
+
+
+def _first_region(touched: set[str]) -> str | None:
+    return next((r for r in REGIONS if r in touched), None)
 
 
 MERGE_SPAN = 8
 
 
-def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int, added: frozenset, tool_spans,
-           same_bytes: bool = False) -> str:
+def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int, added: frozenset,
+           regions: set[str] = frozenset(), same_bytes: bool = False) -> str:
+    """The cause of truth[i1:i2] vs recon[j1:j2]; ``regions``: the regions their differing bytes
+    touch (see the table in docs/audit.md)."""
     tok, end = bound.tok, bound.end_id
     t_ids, r_ids = truth[i1:i2], recon[j1:j2]
     if same_bytes:  # a re-segmented stretch: only which side holds an added token matters
@@ -107,17 +136,26 @@ def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int
         return "missing_end_token"
     if r_special and not t_special and t_bytes == r_bytes:
         return "special_text_collision"
+    if t_bytes == r_bytes:  # same bytes, cut differently, in any region (the region column says where)
+        return "special_token_mismatch" if t_special or r_special else "non_canonical_bpe"
+    if "tool_call" in regions:
+        if regions & {"reasoning", "content"} and _is_whitespace_only_change(t_bytes, r_bytes):
+            return "whitespace_trim"  # the content's edge, next to the calls: an API's trim
+        if t_special != r_special and _plain(tok, t_ids, added) == _plain(tok, r_ids, added):
+            return "special_token_mismatch"  # the calls' text agrees; only a special id differs
+        return "tool_call_format"
     if t_special or r_special:
         return "special_token_mismatch"
-    if t_bytes == r_bytes:
-        return "non_canonical_bpe"
     if REPLACEMENT in r_bytes and REPLACEMENT not in t_bytes:
         return "invalid_utf8"
-    if tool_spans and _in_spans(len(tok.ids_bytes(recon[:j1])), len(r_bytes), tool_spans):
-        return "tool_call_format"  # re-serialized arguments differ in whitespace too: the call is the cause
     if _is_whitespace_only_change(t_bytes, r_bytes):
         return "whitespace_trim"
     return "other"
+
+
+def _plain(tok, ids: Sequence[int], added: frozenset) -> bytes:
+    """The bytes of ``ids`` without the added tokens'."""
+    return tok.ids_bytes([i for i in ids if i not in added])
 
 
 def _resegmented(tok, truth: Sequence[int], recon: Sequence[int]) -> list[tuple[int, int, int, int]]:
@@ -233,27 +271,36 @@ def _shared_cut(tok, truth: Sequence[int], recon: Sequence[int], limit: int) -> 
     return bisect_right(t_ends, at), bisect_right(r_ends, at)
 
 
-def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int], view: Response | None = None,
+def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int],
              resegmented: list[tuple[int, int, int, int]] | None = None) -> list[Divergence]:
-    """Every stretch where ``recon`` differs from ``truth``, with its cause, in order.
+    """Every stretch where ``recon`` differs from ``truth``, with its region and cause, in order.
 
     ``resegmented``: the stretches, when the caller already knows both sides spell the same bytes
     (from :func:`_resegmented_batch`)."""
     tok = bound.tok
     added = tok.added_ids
-    if resegmented is not None:
-        return [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, (), same_bytes=True))
+    t_bytes = tok.ids_bytes(truth)
+    t_spans, t_off = _spans(bound, truth, t_bytes), _offsets(tok, truth)
+    if resegmented is not None:  # same bytes on both sides: the truth's regions are the reconstruction's
+        return [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, same_bytes=True),
+                           _first_region(_touched(t_spans, t_off[i1], t_off[i2])))
                 for i1, i2, j1, j2 in resegmented]
-    tool_spans = _tool_spans(bound, view)
-    t_bytes, r_bytes = tok.ids_bytes(truth), tok.ids_bytes(recon)
+    r_bytes = tok.ids_bytes(recon)
+    r_spans, r_off = _spans(bound, recon, r_bytes), _offsets(tok, recon)
+
+    def divergence(i1: int, i2: int, j1: int, j2: int, same_bytes: bool = False) -> Divergence:
+        ta, tb, ra, rb = _differing(t_bytes[t_off[i1] : t_off[i2]], r_bytes[r_off[j1] : r_off[j2]])
+        touched = (_touched(t_spans, t_off[i1] + ta, t_off[i1] + tb)
+                   | _touched(r_spans, r_off[j1] + ra, r_off[j1] + rb))
+        return Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, touched, same_bytes),
+                          _first_region(touched))
+
     if t_bytes == r_bytes:
-        return [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans, same_bytes=True))
-                for i1, i2, j1, j2 in _resegmented(tok, truth, recon)]
+        return [divergence(*s, same_bytes=True) for s in _resegmented(tok, truth, recon)]
     # the bytes differ from some offset on: re-segmented stretches before the last token boundary
     # both sides share there are found by the byte walk, the rest by alignment
     cut_t, cut_r = _shared_cut(tok, truth, recon, _common_prefix(t_bytes, r_bytes))
-    out = [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans, same_bytes=True))
-           for i1, i2, j1, j2 in _resegmented(tok, truth[:cut_t], recon[:cut_r])]
+    out = [divergence(*s, same_bytes=True) for s in _resegmented(tok, truth[:cut_t], recon[:cut_r])]
     ops = [(tag, i1 + cut_t, i2 + cut_t, j1 + cut_r, j2 + cut_r)
            for tag, i1, i2, j1, j2 in SequenceMatcher(None, truth[cut_t:], recon[cut_r:], autojunk=False).get_opcodes()]
     a = 0
@@ -270,14 +317,9 @@ def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int], vi
                 if added.isdisjoint(truth[i1:bi2]) and added.isdisjoint(recon[j1:bj2]):
                     i2, j2, a = bi2, bj2, b
                 break
-        out.append(Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, tool_spans)))
+        out.append(divergence(i1, i2, j1, j2))
         a += 1
     return out
-
-
-def _in_spans(start: int, size: int, spans: list[tuple[int, int]]) -> bool:
-    end = start + max(size, 1)
-    return any(s < end and start < e for s, e in spans)
 
 
 def _pieces(tok, ids: Sequence[int]) -> list[str]:
@@ -330,13 +372,13 @@ def compare(bound: BoundProfile, record: Record, mode: str, view: Response | Non
     base = dict(len_truth=len(truth), len_recon=len(rec.ids), last_id=truth[-1] if truth else None)
     if rec.ids == truth:
         return _row(record, mode, rec.method, "exact", **base)
-    found = classify(bound, truth, rec.ids, view, resegmented)
+    found = classify(bound, truth, rec.ids, resegmented)
     first = found[0]
     k = first.i1
     t_at = truth[first.i1] if first.i1 < len(truth) else None
     r_at = rec.ids[first.j1] if first.j1 < len(rec.ids) else None
     return _row(
-        record, mode, rec.method, "mismatch", cause=first.cause, causes=[d.cause for d in found],
+        record, mode, rec.method, "mismatch", cause=first.cause, causes=[d.cause for d in found], region=first.region,
         first_diff=k, rel_pos=k / len(truth) if truth else None,
         truth_id=t_at, recon_id=r_at,
         truth_piece=tok.pieces[t_at] if t_at is not None else "(end)",
@@ -473,5 +515,5 @@ def audit_methods(records: Sequence[Record], bound: BoundProfile, methods: Itera
     return pd.concat(frames, ignore_index=True)
 
 
-__all__ = ["CAUSES", "COLUMNS", "METHODS", "STATUSES", "audit_records", "audit_rows", "audit_methods", "classify", "compare",
+__all__ = ["CAUSES", "COLUMNS", "METHODS", "REGIONS", "STATUSES", "audit_records", "audit_rows", "audit_methods", "classify", "compare",
            "describe", "drilldown", "mode_of"]

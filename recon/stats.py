@@ -79,6 +79,19 @@ def cause_table(frame: pd.DataFrame, *, all_causes: bool = False) -> pd.DataFram
     return table.reindex(columns=cols, fill_value=0)
 
 
+def region_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mismatched samples by the region of their first divergence (reasoning, content, tool_call,
+    end) and its cause: where in the output things go wrong, and why."""
+    from .profiles import REGIONS
+
+    mism = frame[frame["status"] == "mismatch"]
+    if not len(mism):
+        return pd.DataFrame(index=pd.Index([], name="region"))
+    table = pd.crosstab(mism["region"].fillna("(none)"), mism["cause"])
+    rows = [r for r in (*REGIONS, "(none)") if r in table.index]
+    return table.reindex(index=rows, columns=[c for c in CAUSES if c in table.columns], fill_value=0)
+
+
 def all_causes_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Every divergence (not just each sample's first) by dataset and cause."""
     rows = [(d, c) for d, cs in zip(frame["dataset"], frame["causes"]) for c in (cs if isinstance(cs, list) else list(cs))]
