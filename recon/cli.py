@@ -140,10 +140,30 @@ def cmd_pair(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .generate import LocalModel
-    from .serve import make_server
+    import ipaddress
 
-    server = make_server(LocalModel(args.model, threads=args.threads), args.host, args.port)
+    from .generate import LocalModel
+    from .serve import Limits, make_server
+
+    for name in ("max_concurrency", "max_tokens_limit", "timeout"):
+        if getattr(args, name) <= 0:
+            raise ReconError(f"--{name.replace('_', '-')} must be positive")
+    if args.max_queue < 0:
+        raise ReconError("--max-queue must be 0 or more")
+    limits = Limits(max_concurrency=args.max_concurrency, max_queue=args.max_queue,
+                    max_tokens=args.max_tokens_limit, timeout=args.timeout)
+    try:
+        loopback = ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = args.host == "localhost"
+    if not loopback:
+        print(f"recon serve: warning: listening on {args.host} without authentication; anyone who can reach "
+              "it can use the model", file=sys.stderr, flush=True)
+    model = LocalModel(args.model, threads=args.threads)
+    try:
+        server = make_server(model, args.host, args.port, limits)
+    except OSError as e:  # port taken, address not ours
+        raise ReconError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
     print(f"serving {args.model} on http://{args.host}:{server.server_port}/v1", flush=True)
     try:
         server.serve_forever()
@@ -368,9 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible server over the local model")
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=int)
+    p.add_argument("--max-concurrency", type=int, default=4, help="requests served at once (default 4)")
+    p.add_argument("--max-queue", type=int, default=32, help="requests waiting beyond those; more get 429 (default 32)")
+    p.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens accepted (default 4096)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a connection may stall (default 30)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("collect", help="query an OpenAI-compatible server for each prompt, keep records")
