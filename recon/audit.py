@@ -83,15 +83,17 @@ def _offsets(tok, ids: Sequence[int]) -> list[int]:
     return [0, *accumulate(map(tok.token_lengths.__getitem__, ids))]
 
 
-def _spans(bound: BoundProfile, ids: Sequence[int], data: bytes) -> list[tuple[str, int, int]]:
-    """Regions of one side's bytes. A special token that ends the sample without being the
-    grammar's end (``<|endoftext|>`` where ``<|im_end|>`` belongs) is the sample's end too."""
-    spans = bound.regions(data)
+def _spans(bound: BoundProfile, ids: Sequence[int], data: bytes | None = None) -> list[tuple[str, int, int]]:
+    """Regions of one side's bytes (``data``, when already joined). A special token that ends the
+    sample without being the grammar's end (``<|endoftext|>`` where ``<|im_end|>`` belongs) is
+    the sample's end too."""
+    spans = bound.regions(data) if data is not None else bound.regions_of_ids(ids)
     last = ids[-1] if ids else None
     if (last is not None and last in bound.tok.special_ids and last != bound.end_id
             and last not in bound.special_ids.values() and spans and spans[-1][0] != "end"):
-        cut = len(data) - bound.tok.token_lengths[last]
-        spans = [(r, a, min(b, cut)) for r, a, b in spans if a < cut] + [("end", cut, len(data))]
+        size = spans[-1][2]
+        cut = size - bound.tok.token_lengths[last]
+        spans = [(r, a, min(b, cut)) for r, a, b in spans if a < cut] + [("end", cut, size)]
     return spans
 
 
@@ -112,6 +114,14 @@ def _differing(a: bytes, b: bytes) -> tuple[int, int, int, int]:
 
 def _first_region(touched: set[str]) -> str | None:
     return next((r for r in REGIONS if r in touched), None)
+
+
+def _region_at(spans: list[tuple[str, int, int]], at: int) -> str | None:
+    """The region byte ``at`` lies in (spans run in order from 0, a few of them)."""
+    for region, _, end in spans:
+        if at < end:
+            return region
+    return None
 
 
 MERGE_SPAN = 8
@@ -279,12 +289,18 @@ def classify(bound: BoundProfile, truth: Sequence[int], recon: Sequence[int],
     (from :func:`_resegmented_batch`)."""
     tok = bound.tok
     added = tok.added_ids
+    if resegmented is not None:  # same bytes on both sides: the truth's regions are the reconstruction's,
+        t_spans = _spans(bound, truth)  # and a stretch's first region is the one its first byte lies in
+        out, at, done = [], 0, 0
+        size = tok.token_lengths.__getitem__
+        for i1, i2, j1, j2 in resegmented:
+            at += sum(map(size, truth[done:i1]))
+            done = i1
+            out.append(Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, same_bytes=True),
+                                  _region_at(t_spans, at)))
+        return out
     t_bytes = tok.ids_bytes(truth)
     t_spans, t_off = _spans(bound, truth, t_bytes), _offsets(tok, truth)
-    if resegmented is not None:  # same bytes on both sides: the truth's regions are the reconstruction's
-        return [Divergence(i1, i2, j1, j2, _cause(bound, truth, recon, i1, i2, j1, j2, added, same_bytes=True),
-                           _first_region(_touched(t_spans, t_off[i1], t_off[i2])))
-                for i1, i2, j1, j2 in resegmented]
     r_bytes = tok.ids_bytes(recon)
     r_spans, r_off = _spans(bound, recon, r_bytes), _offsets(tok, recon)
 

@@ -332,6 +332,18 @@ class BoundProfile:
                  ("tool_call", lay.tools_from, lay.end_at), ("end", lay.end_at, len(output))]
         return [s for s in spans if s[2] > s[1]]
 
+    def regions_of_ids(self, ids: list[int]) -> list[tuple[str, int, int]]:
+        """:meth:`regions` of the bytes ``ids`` spell. A grammar with neither reasoning nor tools
+        is content then, maybe, the end token: only the output's length and last bytes matter,
+        which spares the audit joining every mismatched sample's bytes."""
+        p, tok = self.profile, self.tok
+        if p.has_reasoning or p.has_tools:
+            return self.regions(tok.ids_bytes(ids))
+        end = self._grammar(bytes).end
+        size = sum(map(tok.token_lengths.__getitem__, ids))
+        cut = size - len(end) if end and tok.ids_bytes(ids[-len(end):]).endswith(end) else size
+        return [s for s in (("content", 0, cut), ("end", cut, size)) if s[2] > s[1]]
+
     def parse_text(self, text: str, options: ParseOptions | None = None) -> Response:
         """The API view a server's reasoning and tool-call parsers make of an output's text."""
         p, o = self.profile, options or ParseOptions()
