@@ -90,8 +90,9 @@ def parse_ids(text: str) -> list[int]:
 
 
 # -- samples ------------------------------------------------------------------------------------------
-def filter_rows(rows: pd.DataFrame, *, dataset: str | None = None, status: str | None = None, cause: str | None = None) -> pd.DataFrame:
-    """Audit rows of one dataset / status / cause (None: any)."""
+def filter_rows(rows: pd.DataFrame, *, dataset: str | None = None, status: str | None = None, cause: str | None = None,
+                region: str | None = None) -> pd.DataFrame:
+    """Audit rows of one dataset / status / cause / region of the first divergence (None: any)."""
     keep = pd.Series(True, index=rows.index)
     if dataset:
         keep &= rows["dataset"] == dataset
@@ -99,6 +100,8 @@ def filter_rows(rows: pd.DataFrame, *, dataset: str | None = None, status: str |
         keep &= rows["status"] == status
     if cause:
         keep &= rows["cause"] == cause
+    if region:
+        keep &= rows["region"] == region
     return rows[keep]
 
 

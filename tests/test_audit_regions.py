@@ -264,3 +264,29 @@ def test_real_samples_region_by_cause(tokenizers):
     table = stats.region_table(rows)
     assert int(table.values.sum()) == 149
     assert table.loc["content", "non_canonical_bpe"] == (mism["cause"] == "non_canonical_bpe").sum()
+
+
+def test_region_column_through_the_engine_parquet_and_filters(bound, tmp_path):
+    """Records of each labelled qwen3 case, audited by the streaming engine in two worker
+    processes into samples.parquet: the same regions and causes as in memory; rows filter by region."""
+    from recon import views
+    from recon.engine import audit_files
+    from recon.records import write_records
+
+    b = bound["qwen3"]
+    records = []
+    for case, (names, *_) in CASES.items():
+        if "qwen3" in names:
+            truth, served, _ = case(b)
+            records += [Record(f"{case.__name__}-paired", "d", truth, served), Record(f"{case.__name__}-ids", "d", truth)]
+    write_records(records, tmp_path / "cases.jsonl")
+    run = audit_files([tmp_path / "cases.jsonl"], tokenizer="qwen3.6", profile="qwen3", method="concat",
+                      rows_path=tmp_path / "samples.parquet", chunk_size=5, workers=2, progress=False)
+    assert run.summary["samples"] == len(records)
+    stored = pd.read_parquet(tmp_path / "samples.parquet")
+    memory = audit_records(records, b, "concat")
+    assert stored["id"].tolist() == memory["id"].tolist()
+    assert stored["region"].tolist() == memory["region"].tolist() and stored["cause"].tolist() == memory["cause"].tolist()
+    calls = views.filter_rows(stored, status="mismatch", region="tool_call")
+    assert set(calls["cause"]) == {"tool_call_format", "non_canonical_bpe"}
+    assert "compact_json-paired" in set(calls["id"]) and "content_trimmed_before_calls-paired" not in set(calls["id"])
