@@ -176,6 +176,20 @@ def resegmented_arguments_start(b):
     return split_token(b.tok, ids, starting=start), sampled(b), None
 
 
+def separator_missing_before_calls(b):
+    """qwen3's template writes "\n" between the content and the first call; the model didn't."""
+    text = b.render(sampled(b)).replace(CONTENT + "\n<tool_call>", CONTENT + "<tool_call>")
+    return b.tok.encode(text), sampled(b), None
+
+
+def cut_inside_a_call(b):
+    """Cut at max_tokens inside the arguments: a server drops the unfinished call, so the
+    reconstruction lacks it."""
+    text = b.render(sampled(b))
+    ids = b.tok.encode(text[: text.index(ARGUMENTS) + 10])
+    return ids, b.parse_ids(ids), None
+
+
 def renumbered_ids(b):
     """Kimi's call ids are grammar (functions.NAME:INDEX); a server renumbers them call_0."""
     view = sampled(b)
@@ -221,6 +235,8 @@ CASES = {
     resegmented_content_start: (ALL, "non_canonical_bpe", "content", {}),
     resegmented_reasoning_end: (REASONING_PROFILES, "non_canonical_bpe", "reasoning", {}),
     resegmented_arguments_start: (TOOLS, "non_canonical_bpe", "tool_call", {}),
+    separator_missing_before_calls: (("qwen3",), "tool_call_format", "tool_call", {}),
+    cut_inside_a_call: (TOOLS, "tool_call_format", "tool_call", {}),
     renumbered_ids: (("kimi-k2",), "tool_call_format", "tool_call", {}),
     special_text_in_content: (ALL, "special_text_collision", "content", {}),
     missing_end_token: (ALL, "missing_end_token", "end", {}),
