@@ -22,7 +22,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from itertools import accumulate, chain
-from typing import Iterable, Sequence
+from typing import AbstractSet, Iterable, Sequence
 
 import pandas as pd
 
@@ -103,7 +103,7 @@ def _touched(spans: list[tuple[str, int, int]], lo: int, hi: int) -> set[str]:
 
 def _differing(a: bytes, b: bytes) -> tuple[int, int, int, int]:
     """The byte ranges of ``a`` and ``b`` (a1, a2, b1, b2) that differ, shared start and end set
-    aside. Bytes gained or lost in a run (``"\n\n"`` vs ``"\n"``) could be any of the run's,
+    aside. Bytes gained or lost in a run (``"\\n\\n"`` vs ``"\\n"``) could be any of the run's,
     so the whole run counts. Same bytes: everything (a re-segmentation differs in its cuts)."""
     m = min(len(a), len(b))
     p = _common_prefix(a, b)
@@ -128,7 +128,7 @@ MERGE_SPAN = 8
 
 
 def _cause(bound: BoundProfile, truth, recon, i1: int, i2: int, j1: int, j2: int, added: frozenset,
-           regions: set[str] = frozenset(), same_bytes: bool = False) -> str:
+           regions: AbstractSet[str] = frozenset(), same_bytes: bool = False) -> str:
     """The cause of truth[i1:i2] vs recon[j1:j2]; ``regions``: the regions their differing bytes
     touch (see the table in docs/audit.md)."""
     tok, end = bound.tok, bound.end_id
