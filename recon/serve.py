@@ -88,13 +88,22 @@ def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
+def _show(value: Any) -> str:
+    """A client's value, short, as JSON (never failing: a 5,000-digit int has no str() in 3.11)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _number(body: dict, key: str, default: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)) \
             or not (lo < value if lo_open else lo <= value) or value > hi:
-        raise _bad(key, f"'{key}' must be a number in {'(' if lo_open else '['}{float(lo)}, {float(hi)}], got {value!r}")
+        raise _bad(key, f"'{key}' must be a number in {'(' if lo_open else '['}{float(lo)}, {float(hi)}], got {_show(value)}")
     return float(value)
 
 
@@ -105,7 +114,7 @@ def _integer(body: dict, key: str, default: int | None, lo: int, hi: int) -> int
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(key, f"'{key}' must be an integer, got {type(value).__name__}", "invalid_type")
     if not lo <= value <= hi:
-        raise _bad(key, f"'{key}' must be in [{lo}, {hi}], got {value}")
+        raise _bad(key, f"'{key}' must be in [{lo}, {hi}], got {_show(value)}")
     return value
 
 
@@ -157,7 +166,7 @@ def _messages(value: Any) -> list[dict]:
             raise _bad(where, f"'{where}' must be an object, got {type(message).__name__}", "invalid_type")
         role = message.get("role")
         if role not in ROLES:
-            raise _bad(f"{where}.role", f"'{where}.role' must be one of {', '.join(ROLES)}, got {str(role)[:50]!r}")
+            raise _bad(f"{where}.role", f"'{where}.role' must be one of {', '.join(ROLES)}, got {_show(role)}")
         content = message.get("content")
         if isinstance(content, list):
             texts = []
@@ -246,7 +255,7 @@ def _prompts(value: Any, vocab_size: int) -> list[list[int] | str]:
             raise _bad(f"prompt[{k}]", f"'prompt[{k}]' must be a string or a non-empty list of token ids", "invalid_type")
         for j, tid in enumerate(prompt):
             if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < vocab_size:
-                raise _bad(f"prompt[{k}][{j}]", f"'prompt[{k}][{j}]' must be a token id in [0, {vocab_size}), got {tid!r}")
+                raise _bad(f"prompt[{k}][{j}]", f"'prompt[{k}][{j}]' must be a token id in [0, {vocab_size}), got {_show(tid)}")
     return value
 
 
@@ -622,8 +631,10 @@ def make_server(model: LocalModel, host: str = "127.0.0.1", port: int = 8000, li
             """The base class's errors (a bad request line, a header too long, an unknown
             method) as OpenAI-style JSON instead of an HTML page."""
             self.close_connection = True
+            if self.request_version == "HTTP/0.9":  # an unparseable request line: answer with headers anyway
+                self.request_version = self.protocol_version
             phrase = HTTPStatus(code).phrase if code in HTTPStatus._value2member_map_ else "Error"
-            self._fail(ApiError(code, message or phrase, code=phrase.lower().replace(" ", "_")))
+            self._fail(ApiError(code, message or phrase, code=re.sub(r"[^a-z]+", "_", phrase.lower())))
 
         def _path(self) -> str:
             path = urlsplit(self.path).path

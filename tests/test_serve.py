@@ -1,8 +1,11 @@
-"""`recon serve` started on 127.0.0.1 by the test; the client and the vLLM importer against it."""
+"""`recon serve` started on 127.0.0.1 by the test; the client, the vLLM importer and the real
+`openai` SDK (non-streaming and streaming, logprobs with top_logprobs, vLLM's id fields) against it."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import os
 import re
 import subprocess
@@ -11,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from recon.cli import build_parser
 from recon.client import chat
 from recon.errors import ReconError
 from recon.importers import from_chat_completion
@@ -20,32 +24,59 @@ from .conftest import ROOT
 from .test_cli import recon
 
 pytest.importorskip("torch", reason="the server runs the local model: the 'generate' extra")
+openai = pytest.importorskip("openai", reason="the SDK tests need the 'dev' extra")
 
 MESSAGES = [{"role": "user", "content": "Name three colours, with an emoji each."}]
 
 
-@pytest.fixture(scope="module")
-def server():
+def start_server(*options: str) -> tuple[subprocess.Popen, str]:
+    """`recon serve` on a free loopback port; returns the process and its base URL once it listens."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recon.cli", "serve", "--port", "0", "--threads", "2"],
+        [sys.executable, "-m", "recon.cli", "serve", "--port", "0", "--threads", "2", *options],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=os.environ.copy(),
     )
     line = proc.stdout.readline()
     match = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line)
-    assert match, f"server did not start: {line!r}"
-    yield match.group(1)
+    if not match:
+        proc.kill()
+        raise AssertionError(f"server did not start: {line!r}")
+    return proc, match.group(1)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
     proc.terminate()
     proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_server()
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server, api_key="none", max_retries=0, timeout=120)
+
+
+def test_binds_loopback_unless_told_otherwise():
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
+    from recon.serve import make_server
+
+    assert inspect.signature(make_server).parameters["host"].default == "127.0.0.1"
 
 
 def test_models_route(server):
     with urllib.request.urlopen(server + "/models", timeout=30) as reply:
         assert json.loads(reply.read())["data"][0]["id"] == "smollm2"
+    with urllib.request.urlopen(server + "/models/smollm2", timeout=30) as reply:
+        assert json.loads(reply.read())["max_model_len"] == 8192
 
 
 def test_chat_completion_with_token_ids_imports_exactly(server, tokenizers):
     tok = tokenizers["smollm2"]
-    body = {"messages": MESSAGES, "max_tokens": 24, "temperature": 1.3, "seed": 7, "n": 2,
+    body = {"messages": MESSAGES, "max_tokens": 5, "temperature": 1.3, "seed": 7, "n": 2,
             "return_token_ids": True, "logprobs": True, "return_tokens_as_token_ids": True}
     reply = chat(server, body)
     assert len(reply["choices"]) == 2 and reply["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in reply["choices"])
@@ -62,24 +93,93 @@ def test_chat_completion_with_token_ids_imports_exactly(server, tokenizers):
 
 
 def test_plain_request_returns_text_only(server):
-    reply = chat(server, {"messages": MESSAGES, "max_tokens": 8, "temperature": 0})
+    reply = chat(server, {"messages": MESSAGES, "max_tokens": 4, "temperature": 0})
     choice = reply["choices"][0]
     assert "token_ids" not in choice and "prompt_token_ids" not in reply and choice["logprobs"] is None
     assert isinstance(choice["message"]["content"], str)
 
 
 def test_bad_requests_get_400_with_a_message(server):
-    with pytest.raises(ReconError, match=r"HTTP 400: .*'messages' must be a non-empty list"):
+    with pytest.raises(ReconError, match=r"HTTP 400: 'messages' must be a non-empty list"):
         chat(server, {"messages": []})
-    with pytest.raises(ReconError, match=r"HTTP 400: .*'temperature' must be a number in \[0.0, 2.0\]"):
+    with pytest.raises(ReconError, match=r"HTTP 400: 'temperature' must be a number in \[0.0, 2.0\], got \"hot\""):
         chat(server, {"messages": MESSAGES, "temperature": "hot"})
+
+
+def test_sdk_stream_equals_non_stream_with_top_logprobs_and_ids(client, tokenizers):
+    tok = tokenizers["smollm2"]
+    args = dict(model="smollm2", messages=[{"role": "user", "content": "Say hi with an emoji."}], max_tokens=6,
+                temperature=1.3, seed=11, logprobs=True, top_logprobs=2, extra_body={"return_token_ids": True})
+    whole = client.chat.completions.create(**args)
+    choice = whole.choices[0]
+    ids = choice.token_ids  # vLLM's field, kept by the SDK as an extra attribute
+    assert ids and len(ids) <= 6 and whole.usage.completion_tokens == len(ids)
+    assert tok.decode([i for i in ids if i not in tok.special_ids]) == choice.message.content
+    assert whole.prompt_token_ids[-4:] == tok.encode("<|im_start|>assistant\n")
+    entries = choice.logprobs.content
+    assert [e.token for e in entries] == [tok.id_to_bytes(i).decode("utf-8", "replace") for i in ids]
+    assert [bytes(e.bytes) for e in entries] == [tok.id_to_bytes(i) for i in ids]
+    for e in entries:  # the sampled token's logprob comes from the same distribution as its top 2
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= -9999
+        assert e.logprob <= e.top_logprobs[0].logprob + 1e-4 and e.logprob <= 0
+
+    chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].prompt_token_ids == whole.prompt_token_ids
+    body = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in body) == choice.message.content
+    assert [i for c in body for i in (getattr(c.choices[0], "token_ids", None) or [])] == ids
+    streamed = [e for c in body if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in streamed] == \
+           [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in entries]
+    assert body[-1].choices[0].finish_reason == choice.finish_reason
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == len(ids)
+
+
+def test_completions_scores_a_prompt_like_vllm(client, tokenizers):
+    """prompt_logprobs (vLLM) and echo + logprobs (OpenAI legacy) over token ids, one forward pass."""
+    tok = tokenizers["smollm2"]
+    ids = tok.encode("The capital of France is Paris.")
+    reply = client.completions.create(model="smollm2", prompt=ids, max_tokens=0, echo=True, logprobs=2,
+                                      extra_body={"prompt_logprobs": 2})
+    choice = reply.choices[0]
+    assert choice.text == tok.decode(ids) and choice.prompt_token_ids == ids
+    scores = choice.prompt_logprobs
+    assert len(scores) == len(ids) and scores[0] is None
+    for i in range(1, len(ids)):
+        own = scores[i][str(ids[i])]
+        best = [v for v in scores[i].values() if v["rank"] == 1]
+        assert own["decoded_token"] == tok.id_to_bytes(ids[i]).decode("utf-8", "replace")
+        assert own["rank"] >= 1 and len(best) == 1 and best[0]["logprob"] >= own["logprob"]
+        assert own["rank"] > 1 or own["logprob"] == best[0]["logprob"]
+    legacy = choice.logprobs
+    assert legacy.token_logprobs[0] is None and legacy.top_logprobs[0] is None
+    assert legacy.token_logprobs[1:] == [scores[i][str(ids[i])]["logprob"] for i in range(1, len(ids))]
+    assert legacy.tokens == [tok.id_to_bytes(i).decode() for i in ids] and legacy.text_offset[0] == 0
+    assert "".join(legacy.tokens) == choice.text
+    # the teacher-forced scores agree with what sampling reported for the same tokens
+    sampled = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                             seed=5, logprobs=True, extra_body={"return_token_ids": True})
+    full = sampled.prompt_token_ids + sampled.choices[0].token_ids
+    rescored = client.completions.create(model="smollm2", prompt=full, max_tokens=0, extra_body={"prompt_logprobs": 0})
+    again = [rescored.choices[0].prompt_logprobs[i][str(full[i])]["logprob"] for i in range(len(sampled.prompt_token_ids), len(full))]
+    assert again == pytest.approx([e.logprob for e in sampled.choices[0].logprobs.content], abs=2e-3)
+
+
+def test_completions_continue_a_string_prompt(client, tokenizers):
+    tok = tokenizers["smollm2"]
+    reply = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=3, temperature=0,
+                                      logprobs=1, extra_body={"return_token_ids": True})
+    choice = reply.choices[0]
+    assert 1 <= len(choice.token_ids) <= 3 and choice.prompt_token_ids == tok.encode("Once upon a time")
+    assert choice.text == tok.decode([i for i in choice.token_ids if i not in tok.special_ids])
+    assert len(choice.logprobs.tokens) == len(choice.token_ids) and all(not math.isnan(x) for x in choice.logprobs.token_logprobs)
 
 
 def test_collect_cli_against_the_server(server, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Say hello.\nCount to three.\n")
     out = tmp_path / "collected.jsonl"
-    run = recon("collect", str(prompts), "--url", server, "--out", str(out), "--max-tokens", "12", "--dataset", "local")
+    run = recon("collect", str(prompts), "--url", server, "--out", str(out), "--max-tokens", "4", "--dataset", "local")
     assert run.returncode == 0, run.stderr
     result = read_records(out, vocab_size=49152)
     assert not result.errors and [r.id for r in result.records] == ["p0001", "p0002"]
