@@ -97,6 +97,27 @@ def test_regions_cover_the_output_in_order_and_name_each_part(name, bound):
     assert [(r, data[s:e].decode()) for r, s, e in b.regions(data)] == [(r, text[s:e]) for r, s, e in spans]
 
 
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_regions_agree_with_the_parse_on_many_real_views(name, bound):
+    """Over the real-text views of tests/test_profiles.py (prose, code, unicode, 0-3 calls, cut
+    while thinking): the content region is the parsed content, every call lies in the calls
+    region, and the end region is there exactly when the output stopped."""
+    from .test_profiles import views_for
+
+    b = bound[name]
+    for view in views_for(name, b):
+        text = b.render(view)
+        spans = b.regions(text)
+        assert spans[0][1] == 0 and spans[-1][2] == len(text) and all(x[2] == y[1] for x, y in zip(spans, spans[1:]))
+        assert region_text(b, text, "content") == (view.content or "")
+        assert (region_text(b, text, "end") == b.profile.end) == (view.finish_reason in ("stop", "tool_calls"))
+        calls = region_text(b, text, "tool_call")
+        assert all(c.arguments in calls and c.name in calls for c in view.tool_calls or [])
+        assert bool(calls) == bool(view.tool_calls)
+        if view.reasoning_content is not None:
+            assert view.reasoning_content in region_text(b, text, "reasoning")
+
+
 def test_qwen3_finds_a_compact_tool_call_as_a_hermes_parser_does(bound):
     b = bound["qwen3"]
     text = '<think>\nok\n</think>\n\nSure.\n<tool_call>\n{"name":"f","arguments":{"x":1}}\n</tool_call><|im_end|>'
