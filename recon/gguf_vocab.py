@@ -89,6 +89,11 @@ class _Header:
         raise self.fail(f"unknown GGUF value type {vtype}")
 
 
+def _shown(key: str) -> str:
+    """A key as an error message shows it: as is if it is a short printable name, else quoted and cut."""
+    return key if key.isprintable() and len(key) <= 80 else repr(key[:80])
+
+
 def read_gguf_metadata(path: Path) -> dict[str, Any]:
     """All key/value metadata of a GGUF file (tokenizer arrays included), as Python values.
 
@@ -112,11 +117,11 @@ def read_gguf_metadata(path: Path) -> dict[str, Any]:
             for k in range(n_kv):
                 h.field = f"key #{k}" + (f" (after {previous})" if previous else "")
                 key = h.string(strict=True)
-                h.field = f"key {key}"
+                h.field = f"key {_shown(key)}"
                 if key in meta:
                     raise h.fail("appears twice in the header")
                 meta[key] = h.value(h.unpack("<I"), strict=key.startswith("tokenizer."))
-                previous = key
+                previous = _shown(key)
             return meta
     except OSError as e:
         raise TokenizerLoadError(f"{path}: cannot read ({e.strerror or e})") from None

@@ -138,6 +138,9 @@ def _read_config(directory: Path) -> dict:
     if not path.is_file():
         return {}
     config = _read_json(path)
+    for key, kinds, what in (("auto_map", (dict, list), "an object or a list"), ("tokenizer_class", (str,), "a string")):
+        if config.get(key) is not None and not isinstance(config[key], kinds):
+            raise TokenizerLoadError(f"{path}: {key}: expected {what}, got {type(config[key]).__name__}")
     config["__path__"] = path
     return config
 
@@ -151,7 +154,7 @@ def _declared_from_config(config: dict) -> dict[int, AddedToken]:
     declared: dict[int, AddedToken] = {}
     seen: dict[str, int] = {}
     for key, entry in raw.items():
-        field = f"added_tokens_decoder[{key!r}]"
+        field = f"added_tokens_decoder[{_cut(key)}]"
         try:
             token_id = int(key)
         except ValueError:
@@ -165,7 +168,7 @@ def _declared_from_config(config: dict) -> dict[int, AddedToken]:
             raise TokenizerLoadError(f"{where}: {field}: 'special' must be true or false")
         if content in seen:
             raise TokenizerLoadError(
-                f"{where}: {field}: {content!r} is declared twice (ids {seen[content]} and {token_id})"
+                f"{where}: {field}: {_cut(content)} is declared twice (ids {seen[content]} and {token_id})"
             )
         seen[content] = token_id
         declared[token_id] = AddedToken(token_id, content, bool(entry.get("special", False)))
@@ -290,7 +293,7 @@ def build_tiktoken(
         if token_id in by_rank:
             ordinary = by_rank[token_id].decode("utf-8", "replace")
             raise TokenizerLoadError(
-                f"{config_path}: added token {tok.content!r} is declared at id {token_id}, which is the "
+                f"{config_path}: added token {_cut(tok.content)} is declared at id {token_id}, which is the "
                 f"ordinary token {ordinary!r} in {source.name}; fix the id in the config"
             )
     specials = dict(declared)
@@ -348,13 +351,13 @@ def load_gguf(path: Path, *, name: str | None = None) -> HFTokenizer:
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise TokenizerLoadError(
-            f"{path}: key tokenizer.ggml.model: GGUF tokenizer model {model!r} is not supported "
+            f"{path}: key tokenizer.ggml.model: GGUF tokenizer model {_cut(model)} is not supported "
             "(only byte-level BPE, 'gpt2'); load the model's tokenizer.json instead"
         )
     pre = meta.get("tokenizer.ggml.pre", "default")
     if not isinstance(pre, str) or pre not in GGUF_PRE:
         raise TokenizerLoadError(
-            f"{path}: key tokenizer.ggml.pre: GGUF pre-tokenizer {pre!r} is not known to recon "
+            f"{path}: key tokenizer.ggml.pre: GGUF pre-tokenizer {_cut(pre)} is not known to recon "
             f"(known: {', '.join(sorted(GGUF_PRE))}); load the model's tokenizer.json instead"
         )
     tokens, types, merges, role_ids = _gguf_vocabulary(meta, path)
@@ -401,7 +404,7 @@ def _gguf_vocabulary(meta: dict, path: Path) -> tuple[list[str], list[int], list
         if not tok:
             raise fail("tokens", f"token {i} is the empty string")
         if first.setdefault(tok, i) != i:
-            raise fail("tokens", f"token {tok!r} appears twice (ids {first[tok]} and {i})")
+            raise fail("tokens", f"token {_cut(tok)} appears twice (ids {first[tok]} and {i})")
     types = meta.get("tokenizer.ggml.token_type")
     if types is None:
         types = [1] * len(tokens)
@@ -416,10 +419,10 @@ def _gguf_vocabulary(meta: dict, path: Path) -> tuple[list[str], list[int], list
     for k, merge in enumerate(raw_merges):
         left, sep, right = merge.partition(" ")
         if not sep or not left or not right:
-            raise fail("merges", f"merge {k} is {merge[:60]!r}, not 'LEFT RIGHT'")
+            raise fail("merges", f"merge {k} is {_cut(merge)}, not 'LEFT RIGHT'")
         for part in (left, right, left + right):
             if part not in first:
-                raise fail("merges", f"merge {k} ({merge[:60]!r}): {part[:60]!r} is not in the vocabulary")
+                raise fail("merges", f"merge {k} ({_cut(merge)}): {_cut(part)} is not in the vocabulary")
         merges.append((left, right))
     role_ids = {}
     for role, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown")):
@@ -427,9 +430,15 @@ def _gguf_vocabulary(meta: dict, path: Path) -> tuple[list[str], list[int], list
         if value is None:
             continue
         if type(value) is not int or not 0 <= value < len(tokens):
-            raise fail(f"{key}_token_id", f"{value!r} is not a token id (0..{len(tokens) - 1})")
+            raise fail(f"{key}_token_id", f"{_cut(value)} is not a token id (0..{len(tokens) - 1})")
         role_ids[role] = value
     return tokens, types, merges, role_ids
+
+
+def _cut(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: file contents shown in a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _gguf_type_name(value: object) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from recon import TokenizerLoadError, load_tokenizer
@@ -402,7 +402,9 @@ KEYS = ["tokens", "token_type", "merges", "model", "pre", "bos_token_id", "eos_t
 def test_any_tokenizer_key_of_any_type_loads_or_is_refused_cleanly(changes, tmp_path):
     path = tmp_path / "fuzz.gguf"
     path.write_bytes(gguf_bytes(small_kv(**changes)))
-    assert _outcome(path) in ("ok", "refused")
+    outcome = _outcome(path)
+    event(outcome)
+    assert outcome in ("ok", "refused")
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -413,7 +415,9 @@ def test_random_byte_damage_loads_or_is_refused_cleanly(flips, tmp_path):
         data[where % len(data)] = byte
     path = tmp_path / "damaged.gguf"
     path.write_bytes(bytes(data))
-    assert _outcome(path) in ("ok", "refused")
+    outcome = _outcome(path)
+    event(outcome)
+    assert outcome in ("ok", "refused")
 
 
 # -- chat templates are data ----------------------------------------------------------------------------------
