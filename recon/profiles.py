@@ -81,8 +81,10 @@ class Profile:
 def _load_yaml(path: Path | str, text: str) -> dict[str, Profile]:
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ReconError(f"{path}: not valid YAML ({e})") from None
+    except yaml.YAMLError as e:  # one line: where, and the problem without the source excerpt
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark else ""
+        raise ReconError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     if not isinstance(data, dict):
         raise ReconError(f"{path}: expected a mapping of profile name -> fields")
     known = {f.name for f in fields(Profile)} - {"name"}
@@ -99,6 +101,10 @@ def _load_yaml(path: Path | str, text: str) -> dict[str, Profile]:
             raise ReconError(f"{path}: {name}: 'unclosed' must be 'reasoning' or 'content'")
         if spec.get("arguments", "text") not in ("text", "json"):
             raise ReconError(f"{path}: {name}: 'arguments' must be 'text' or 'json'")
+        nullable = {f.name for f in fields(Profile) if f.default is None}
+        for key, value in spec.items():
+            if not isinstance(value, str) and not (value is None and key in nullable):
+                raise ReconError(f"{path}: {name}.{key}: expected a string, got {type(value).__name__}")
         profiles[str(name)] = Profile(name=str(name), **spec)
     return profiles
 
@@ -118,7 +124,11 @@ def load_profile(spec: str | Path) -> Profile:
     path_text, _, wanted = text.partition(".yaml:")
     path = Path(path_text + ".yaml" if wanted else text)
     if path.suffix in (".yaml", ".yml") and path.is_file():
-        found = _load_yaml(path, path.read_text(encoding="utf-8"))
+        try:
+            content = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ReconError(f"{path}: cannot read ({e})") from None
+        found = _load_yaml(path, content)
         if wanted:
             if wanted not in found:
                 raise ReconError(f"{path}: no profile {wanted!r} (has {', '.join(found)})")

@@ -535,3 +535,22 @@ def test_any_sample_file_every_line_accounted_for(lines, crlf, bom, tmp_path_fac
         assert not result.records and "no usable records" in str(e)
         return
     assert run_.summary["samples"] == len(result.records) == pq.read_table(tmp / "e.parquet").num_rows
+
+
+# -- profile YAML files ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("content, expected", [
+    (b"mine:\n  end: !!python/object/apply:os.system ['touch MARKER']\n", r", line 2: not valid YAML \(could not determine a constructor"),
+    (b"mine:\n  end: '<|im_end|>'\n  call: [1, 2]\n", r"mine\.call: expected a string, got list"),
+    (b"mine:\n  end: '<|im_end|>'\n  reasoning_close: 5\n", r"mine\.reasoning_close: expected a string, got int"),
+    (b"mine:\n  end: '<|im_end|>'\n  tools_begin: null\n", r"mine\.tools_begin: expected a string, got NoneType"),
+    (b"mine:\n  end: '\xff'\n", r"cannot read"),
+    (b"mine: [unclosed\n", r"not valid YAML"),
+])
+def test_bad_profile_yaml_is_one_line_and_runs_nothing(content, expected, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "mine.yaml"
+    path.write_bytes(content)
+    data = _write(tmp_path / "s.jsonl", REAL[:2])
+    message = one_line_error(capsys, "audit", str(data), "--tokenizer", "smollm2", "--profile", str(path), "--workers", "1")
+    assert message.startswith(str(path)) and re.search(expected, message), message
+    assert not (tmp_path / "MARKER").exists()
