@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -169,8 +170,7 @@ class _Grammar:
     section: re.Pattern | None  # where the calls section starts
 
 
-@dataclass(frozen=True)
-class _Layout:
+class _Layout(NamedTuple):
     """Offsets into one output: ``[0, content_start)`` reasoning (tags included), then content up to
     ``content_end``, the calls section from ``tools_from`` (its separator) or ``section`` (its first
     text), the end token from ``end_at``."""
