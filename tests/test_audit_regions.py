@@ -211,6 +211,16 @@ def cut_inside_a_call(b):
     return ids, b.parse_ids(ids), None
 
 
+def wrong_special_in_calls(b):
+    """The model closed the calls section with another grammar token's id (the one that opens
+    it): the calls' text agrees, one special id differs."""
+    close = b.profile.tools_end or "</tool_call>"
+    opening = b.profile.tools_begin or "<tool_call>"
+    ids = b.tok.encode(b.render(sampled(b)))
+    k = len(ids) - 1 - ids[::-1].index(b.special_ids[close])
+    return ids[:k] + [b.special_ids[opening]] + ids[k + 1:], sampled(b), None
+
+
 def renumbered_ids(b):
     """Kimi's call ids are grammar (functions.NAME:INDEX); a server renumbers them call_0."""
     view = sampled(b)
@@ -259,6 +269,7 @@ CASES = {
     separator_missing_before_calls: (("qwen3",), "tool_call_format", "tool_call", {}),
     cut_inside_a_call: (TOOLS, "tool_call_format", "tool_call", {}),
     renumbered_ids: (("kimi-k2",), "tool_call_format", "tool_call", {}),
+    wrong_special_in_calls: (TOOLS, "special_token_mismatch", "tool_call", {}),
     special_text_in_content: (ALL, "special_text_collision", "content", {}),
     missing_end_token: (ALL, "missing_end_token", "end", {}),
     missing_end_token_after_calls: (TOOLS, "missing_end_token", "end", {}),
@@ -266,7 +277,7 @@ CASES = {
 }
 LABELLED = [pytest.param(case, name, id=f"{case.__name__}-{name}") for case, (names, *_) in CASES.items() for name in names]
 #: paired only: a roundtrip parse can't see these (ids alone say the sample was cut, or ended otherwise)
-PAIRED_ONLY = {missing_end_token, missing_end_token_after_calls, wrong_end_token}
+PAIRED_ONLY = {missing_end_token, missing_end_token_after_calls, wrong_end_token, wrong_special_in_calls}
 
 
 @pytest.mark.parametrize("case, name", LABELLED)
@@ -325,5 +336,5 @@ def test_region_column_through_the_engine_parquet_and_filters(bound, tmp_path):
     assert stored["id"].tolist() == memory["id"].tolist()
     assert stored["region"].tolist() == memory["region"].tolist() and stored["cause"].tolist() == memory["cause"].tolist()
     calls = views.filter_rows(stored, status="mismatch", region="tool_call")
-    assert set(calls["cause"]) == {"tool_call_format", "non_canonical_bpe"}
+    assert set(calls["cause"]) == {"tool_call_format", "non_canonical_bpe", "special_token_mismatch"}
     assert "compact_json-paired" in set(calls["id"]) and "content_trimmed_before_calls-paired" not in set(calls["id"])
