@@ -82,8 +82,8 @@ def test_regions_cover_the_output_in_order_and_name_each_part(name, bound):
     view = sampled(b)
     text = b.render(view)
     spans = b.regions(text)
-    assert [r for r, _, _ in spans] == [r for r in REGIONS if r != "reasoning" or b.profile.has_reasoning
-                                       if r != "tool_call" or b.profile.has_tools]
+    has = {"reasoning": b.profile.has_reasoning, "content": True, "tool_call": b.profile.has_tools, "end": True}
+    assert [r for r, _, _ in spans] == [r for r in REGIONS if has[r]]
     assert spans[0][1] == 0 and spans[-1][2] == len(text) and all(x[2] == y[1] for x, y in zip(spans, spans[1:]))
     assert region_text(b, text, "content") == CONTENT
     assert region_text(b, text, "end") == b.profile.end
