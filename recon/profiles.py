@@ -277,14 +277,17 @@ class BoundProfile:
         return re.compile(pattern + self._loose(template[pos:]), re.S)
 
     def _loose(self, literal: str) -> str:
-        """A pattern for grammar text that a model may space differently: any whitespace where the
-        template has some, and, around a JSON wrapper's ``{ } : ,``, optional whitespace
-        (``{"name":"f"`` is the same call as the template's ``{"name": "f"``, so it is found as one)."""
+        """A pattern for grammar text. With JSON arguments the call is a JSON wrapper a model may
+        space its own way, and a server's JSON parser accepts it: any whitespace where the template
+        has some, optional whitespace around ``{ } : ,`` (``{"name":"f"`` is found as the template's
+        ``{"name": "f"``). Text grammars match exactly."""
+        if self.profile.arguments != "json":
+            return re.escape(literal)
         out: list[str] = []
         for ch in literal:
             if ch.isspace():
                 piece = r"\s*"
-            elif self.profile.arguments == "json" and ch in "{}:,":
+            elif ch in "{}:,":
                 piece = r"\s*" + re.escape(ch) + r"\s*"
             else:
                 piece = re.escape(ch)
