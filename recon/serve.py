@@ -30,6 +30,7 @@ response, so their concatenated content, logprobs and ids are exactly the non-st
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -522,6 +523,18 @@ ROUTES = {"/v1/chat/completions": "POST", "/chat/completions": "POST", "/v1/comp
 _DIGITS = re.compile(r"[0-9]{1,15}")
 
 
+def host_allowed(header: str | None, loopback_only: bool) -> bool:
+    """On a loopback-bound server, only loopback names in ``Host``: a web page whose name an
+    attacker re-points at 127.0.0.1 (DNS rebinding) sends its own name and is turned away."""
+    if header is None or not loopback_only:
+        return True
+    try:
+        name = urlsplit("//" + header.strip()).hostname or ""
+        return name == "localhost" or ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
@@ -601,6 +614,10 @@ def make_server(model: LocalModel, host: str = "127.0.0.1", port: int = 8000, li
     lock = threading.Lock()
     gate = Gate(limits.max_concurrency, limits.max_queue)
     vocab_size = model.tokenizer.vocab_size
+    try:
+        loopback_only = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback_only = host == "localhost"
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "recon-serve"
@@ -641,7 +658,10 @@ def make_server(model: LocalModel, host: str = "127.0.0.1", port: int = 8000, li
             return path.rstrip("/") or "/"
 
         def _route(self, method: str) -> str | None:
-            """The route, or None after answering 404 / 405."""
+            """The route, or None after answering 403 (a foreign Host), 404 or 405."""
+            if not host_allowed(self.headers.get("Host"), loopback_only):
+                self._fail(ApiError(403, "this server answers to localhost only (Host header)", code="forbidden_host"))
+                return None
             path = self._path()
             allowed = ROUTES.get(path) or ("GET" if path.startswith(("/v1/models/", "/models/")) else None)
             if allowed is None:
@@ -672,6 +692,10 @@ def make_server(model: LocalModel, host: str = "127.0.0.1", port: int = 8000, li
             if len(data) < length:
                 self.close_connection = True
                 raise ApiError(400, f"the body ended after {len(data)} of {length} bytes", code="incomplete_body")
+            media = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            if media != "application/json":  # a web page can only send JSON after a CORS preflight, which fails here
+                raise ApiError(415, f"send Content-Type: application/json, not {media or 'nothing'}",
+                               code="unsupported_media_type")
             return parse_body(data)
 
         def do_GET(self) -> None:  # noqa: N802

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recon.serve import ApiError, Gate, content_deltas, parse_body, parse_chat_request, parse_completion_request, send_events
+from recon.serve import (ApiError, Gate, content_deltas, host_allowed, parse_body, parse_chat_request,
+                         parse_completion_request, send_events)
 
-from .test_serve import start_server, stop_server
+from .test_serve import CONCURRENCY, QUEUE, SERVE_OPTIONS, shared_server
 
 EXAMPLES = int(os.environ.get("RECON_HYPOTHESIS_EXAMPLES", 60))
 MESSAGES = [{"role": "user", "content": "Hi"}]
-CONCURRENCY, QUEUE = 1, 2  # the server under test: 1 served at once, 2 waiting, the rest 429
 
 
 # -- the pure parts, no server ------------------------------------------------------------------------
@@ -105,9 +105,8 @@ def test_any_body_is_accepted_or_refused_with_an_openai_error(body):
 # -- the real server ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_server("--max-concurrency", str(CONCURRENCY), "--max-queue", str(QUEUE), "--timeout", "3")
-    yield url
-    stop_server(proc)
+    """The server tests/test_serve.py uses too: CONCURRENCY served at once, QUEUE waiting, a 3 s socket timeout."""
+    return shared_server(*SERVE_OPTIONS)
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +134,9 @@ def exchange(url: str, data: bytes, *, timeout: float = 60) -> tuple[int, dict, 
 
 
 def request(url: str, method: str, path: str, body: bytes | None = None, headers: str = "") -> tuple[int, dict, bytes]:
-    length = f"Content-Length: {len(body)}\r\n" if body is not None else ""
-    return exchange(url, f"{method} {path} HTTP/1.1\r\nHost: x\r\n{length}{headers}\r\n".encode() + (body or b""))
+    framing = f"Content-Length: {len(body)}\r\nContent-Type: application/json\r\n" if body is not None else ""
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{framing}{headers}\r\n"
+    return exchange(url, head.encode() + (body or b""))
 
 
 def post(url: str, body, path: str = "/v1/chat/completions") -> tuple[int, dict]:
@@ -234,9 +234,30 @@ def test_unknown_routes_and_wrong_methods(server, method, path, status, allow):
     ("Content-Length: 2\r\nContent-Length: 3\r\n", 400, "invalid_content_length"),
 ])
 def test_body_framing(server, head, status, code):
-    got, _, body = exchange(server, f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode())
+    got, _, body = exchange(server, f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n{head}\r\n".encode())
     assert got == status
     assert_openai_error(json.loads(body), code=code)
+
+
+@pytest.mark.parametrize("host, ok", [(None, True), ("localhost:8000", True), ("127.0.0.1:1", True), ("127.1.2.3", True),
+                                      ("[::1]:80", True), ("evil.example", False), ("localhost.evil.example:8000", False),
+                                      ("", False), ("[bad", False)])
+def test_host_header_on_a_loopback_server(host, ok):
+    assert host_allowed(host, loopback_only=True) is ok
+    assert host_allowed(host, loopback_only=False)
+
+
+@pytest.mark.parametrize("headers, status, code", [
+    ("Host: evil.example\r\nContent-Type: application/json\r\n", 403, "forbidden_host"),  # DNS rebinding
+    ("Host: 127.0.0.1\r\nContent-Type: text/plain\r\n", 415, "unsupported_media_type"),  # a form, no preflight
+    ("Host: 127.0.0.1\r\n", 415, "unsupported_media_type"),
+])
+def test_what_a_hostile_web_page_can_send_is_refused(server, headers, status, code):
+    body = json.dumps({"messages": MESSAGES, "max_tokens": 1}).encode()
+    head = f"POST /v1/chat/completions HTTP/1.1\r\n{headers}Content-Length: {len(body)}\r\n\r\n"
+    got, _, data = exchange(server, head.encode() + body)
+    assert got == status
+    assert_openai_error(json.loads(data), code=code)
 
 
 def test_garbage_request_lines_and_huge_headers(server):
@@ -288,7 +309,7 @@ def test_fifty_concurrent_requests_are_answered_or_refused_cleanly(server, clien
 def test_stalled_and_vanished_clients_do_not_wedge_it(server, client):
     idle = [socket.create_connection(_address(server), timeout=30) for _ in range(20)]  # connect, say nothing
     half = socket.create_connection(_address(server), timeout=30)  # promise 100 bytes, send 10
-    half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"messages")
+    half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"messages")
     try:
         assert client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=2).choices
         # a streaming client that reads the first event and resets the connection
@@ -296,7 +317,8 @@ def test_stalled_and_vanished_clients_do_not_wedge_it(server, client):
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
         s.connect(_address(server))
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         first = b""
         while b"data: " not in first:
             first += s.recv(256)

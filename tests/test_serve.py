@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import json
 import math
@@ -32,7 +33,8 @@ MESSAGES = [{"role": "user", "content": "Name three colours, with an emoji each.
 def start_server(*options: str) -> tuple[subprocess.Popen, str]:
     """`recon serve` on a free loopback port; returns the process and its base URL once it listens."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recon.cli", "serve", "--port", "0", "--threads", "2", *options],
+        # one torch thread: on 2 shared cores, two threads spin against each other and run up to 10x slower
+        [sys.executable, "-m", "recon.cli", "serve", "--port", "0", "--threads", "1", *options],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=os.environ.copy(),
     )
     line = proc.stdout.readline()
@@ -48,11 +50,25 @@ def stop_server(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+#: small limits, so that tests/test_fuzz_serve.py can fill the queue; 3 s for a stalled socket
+CONCURRENCY, QUEUE = 1, 2
+SERVE_OPTIONS = ("--max-concurrency", str(CONCURRENCY), "--max-queue", str(QUEUE), "--timeout", "3")
+_running: dict[tuple[str, ...], str] = {}
+
+
+def shared_server(*options: str) -> str:
+    """One server per set of options for the whole session: loading the model is the slow part,
+    and this module and the fuzz module use the same one."""
+    if options not in _running:
+        proc, url = start_server(*options)
+        atexit.register(stop_server, proc)
+        _running[options] = url
+    return _running[options]
+
+
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_server()
-    yield url
-    stop_server(proc)
+    return shared_server(*SERVE_OPTIONS)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +92,7 @@ def test_models_route(server):
 
 def test_chat_completion_with_token_ids_imports_exactly(server, tokenizers):
     tok = tokenizers["smollm2"]
-    body = {"messages": MESSAGES, "max_tokens": 5, "temperature": 1.3, "seed": 7, "n": 2,
+    body = {"messages": MESSAGES, "max_tokens": 8, "temperature": 1.3, "seed": 7, "n": 2,
             "return_token_ids": True, "logprobs": True, "return_tokens_as_token_ids": True}
     reply = chat(server, body)
     assert len(reply["choices"]) == 2 and reply["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in reply["choices"])
@@ -93,7 +109,7 @@ def test_chat_completion_with_token_ids_imports_exactly(server, tokenizers):
 
 
 def test_plain_request_returns_text_only(server):
-    reply = chat(server, {"messages": MESSAGES, "max_tokens": 4, "temperature": 0})
+    reply = chat(server, {"messages": MESSAGES, "max_tokens": 2, "temperature": 0})
     choice = reply["choices"][0]
     assert "token_ids" not in choice and "prompt_token_ids" not in reply and choice["logprobs"] is None
     assert isinstance(choice["message"]["content"], str)
@@ -108,12 +124,12 @@ def test_bad_requests_get_400_with_a_message(server):
 
 def test_sdk_stream_equals_non_stream_with_top_logprobs_and_ids(client, tokenizers):
     tok = tokenizers["smollm2"]
-    args = dict(model="smollm2", messages=[{"role": "user", "content": "Say hi with an emoji."}], max_tokens=6,
+    args = dict(model="smollm2", messages=[{"role": "user", "content": "Say hi with an emoji."}], max_tokens=16,
                 temperature=1.3, seed=11, logprobs=True, top_logprobs=2, extra_body={"return_token_ids": True})
     whole = client.chat.completions.create(**args)
     choice = whole.choices[0]
     ids = choice.token_ids  # vLLM's field, kept by the SDK as an extra attribute
-    assert ids and len(ids) <= 6 and whole.usage.completion_tokens == len(ids)
+    assert ids and len(ids) <= 16 and whole.usage.completion_tokens == len(ids)
     assert tok.decode([i for i in ids if i not in tok.special_ids]) == choice.message.content
     assert whole.prompt_token_ids[-4:] == tok.encode("<|im_start|>assistant\n")
     entries = choice.logprobs.content
@@ -167,10 +183,10 @@ def test_completions_scores_a_prompt_like_vllm(client, tokenizers):
 
 def test_completions_continue_a_string_prompt(client, tokenizers):
     tok = tokenizers["smollm2"]
-    reply = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=3, temperature=0,
+    reply = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=2, temperature=0,
                                       logprobs=1, extra_body={"return_token_ids": True})
     choice = reply.choices[0]
-    assert 1 <= len(choice.token_ids) <= 3 and choice.prompt_token_ids == tok.encode("Once upon a time")
+    assert 1 <= len(choice.token_ids) <= 2 and choice.prompt_token_ids == tok.encode("Once upon a time")
     assert choice.text == tok.decode([i for i in choice.token_ids if i not in tok.special_ids])
     assert len(choice.logprobs.tokens) == len(choice.token_ids) and all(not math.isnan(x) for x in choice.logprobs.token_logprobs)
 
@@ -179,7 +195,7 @@ def test_collect_cli_against_the_server(server, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Say hello.\nCount to three.\n")
     out = tmp_path / "collected.jsonl"
-    run = recon("collect", str(prompts), "--url", server, "--out", str(out), "--max-tokens", "4", "--dataset", "local")
+    run = recon("collect", str(prompts), "--url", server, "--out", str(out), "--max-tokens", "2", "--dataset", "local")
     assert run.returncode == 0, run.stderr
     result = read_records(out, vocab_size=49152)
     assert not result.errors and [r.id for r in result.records] == ["p0001", "p0002"]
