@@ -54,6 +54,7 @@ from .records import Record
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap for top_logprobs
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one /v1/completions request
+MAX_PROMPT_TOKENS = 32_768  # tokens over all prompts of one /v1/completions request (the model is locked meanwhile)
 DEFAULT_MAX_TOKENS = 128
 ROLES = ("system", "developer", "user", "assistant", "tool")
 #: request fields that would change the output if ignored; refused rather than silently dropped
@@ -93,7 +94,7 @@ def _show(value: Any) -> str:
     """A client's value, short, as JSON (never failing: a 5,000-digit int has no str() in 3.11)."""
     try:
         text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         text = type(value).__name__
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -243,8 +244,8 @@ class CompletionRequest:
 
 def _prompts(value: Any, vocab_size: int) -> list[list[int] | str]:
     """``prompt`` as OpenAI and vLLM take it: a string, a list of ids, or a list of either."""
-    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value)):
-        value = [value]
+    if isinstance(value, str) or (isinstance(value, list) and value and all(type(i) is int for i in value)):
+        value = [value]  # one prompt
     if not isinstance(value, list) or not value:
         raise _bad("prompt", "'prompt' must be a string, a non-empty list of token ids, or a list of those", "invalid_type")
     if len(value) > MAX_PROMPTS:
@@ -405,9 +406,10 @@ def chat_chunks(model: LocalModel, req: ChatRequest, response: dict, samples: li
 
 
 def _legacy_logprobs(tok, ids: list[int], lps: list[float | None], tops: list[list[tuple[int, float]]],
-                     k: int, as_ids: bool, offset: int = 0) -> dict:
+                     k: int, as_ids: bool) -> dict:
     """OpenAI's legacy completion logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
     for tid, lp, top in zip(ids, lps, tops):
         text = _token_text(tok, tid, as_ids)[0]
         out["tokens"].append(text)
@@ -448,21 +450,13 @@ def completion_response(model: LocalModel, req: CompletionRequest, prompt_ids: l
         generated = tok.decode([i for i in out_ids if i not in tok.special_ids]) if out_ids else ""
         choice: dict[str, Any] = {"index": index, "text": (text if req.echo else "") + generated, "logprobs": None,
                                   "finish_reason": sample.finish_reason if sample else "length", "stop_reason": None}
-        if req.logprobs is not None:
-            parts = []
-            if req.echo:
-                s = scores[index]
-                parts.append((ids, s.logprobs, s.top))
+        if req.logprobs is not None:  # over the echoed prompt (scored) and then the generated tokens
+            all_ids, lps, tops = (list(ids), list(scores[index].logprobs), list(scores[index].top)) if req.echo else ([], [], [])
             if sample:
-                parts.append((out_ids, sample.logprobs, sample.top or [[]] * len(out_ids)))
-            merged: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-            offset = 0
-            for pids, plps, ptops in parts:
-                piece = _legacy_logprobs(tok, pids, plps, ptops, k, req.tokens_as_ids, offset)
-                for key in merged:
-                    merged[key] += piece[key]
-                offset = piece["text_offset"][-1] + len(piece["tokens"][-1]) if piece["tokens"] else offset
-            choice["logprobs"] = merged
+                all_ids += out_ids
+                lps += sample.logprobs
+                tops += sample.top or [[] for _ in out_ids]
+            choice["logprobs"] = _legacy_logprobs(tok, all_ids, lps, tops, k, req.tokens_as_ids)
         if req.prompt_logprobs is not None:
             choice["prompt_logprobs"] = _prompt_logprobs(tok, ids, scores[index], req.prompt_logprobs)
         if req.return_token_ids or req.prompt_logprobs is not None:
@@ -505,6 +499,8 @@ def run_completion(model: LocalModel, req: CompletionRequest, lock: threading.Lo
         if not ids:
             raise _bad(f"prompt[{k}]", f"'prompt[{k}]' encodes to no tokens")
         check_context(len(ids), req.max_tokens, context)
+    if sum(map(len, prompt_ids)) > MAX_PROMPT_TOKENS:
+        raise _bad("prompt", f"at most {MAX_PROMPT_TOKENS} prompt tokens in one request, got {sum(map(len, prompt_ids))}")
     need_scores = req.prompt_logprobs is not None or (req.echo and req.logprobs is not None)
     top_k = max(req.prompt_logprobs or 0, req.logprobs or 0)
     samples: list[Sample | None] = [None] * len(prompt_ids)

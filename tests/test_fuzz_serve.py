@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recon.serve import (ApiError, Gate, content_deltas, host_allowed, parse_body, parse_chat_request,
@@ -203,6 +203,7 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": [[1]] * 300}, "prompt"),
     ({"prompt": "", "max_tokens": 0}, "prompt[0]"),
+    ({"prompt": [[1] * 8000] * 5, "max_tokens": 0}, "prompt"),  # 40,000 tokens to score in one request
 ]
 
 
