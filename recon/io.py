@@ -30,6 +30,12 @@ class RecordError:
         return f"{self.path}, line {self.line}{field}: {self.problem}"
 
 
+def one_line(error: object, limit: int = 300) -> str:
+    """An error's text for a one-line report: whitespace runs (newlines too) as one space, cut."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def bad_record_count(errors: list[RecordError]) -> int:
     """Records with at least one problem (a record may have several)."""
     return len({(e.path, e.line) for e in errors})
@@ -103,7 +109,7 @@ def _parse_line(raw: bytes, path: Path, lineno: int, allow_arrays: bool) -> dict
     except json.JSONDecodeError as e:
         return RecordError(str(path), lineno, "", f"not valid JSON ({e.msg}, column {e.colno})")
     except ValueError as e:  # e.g. an integer of more than 4,300 digits
-        return RecordError(str(path), lineno, "", f"not usable JSON ({e})")
+        return RecordError(str(path), lineno, "", f"not usable JSON ({one_line(e)})")
     except RecursionError:
         return RecordError(str(path), lineno, "", "not usable JSON (nested too deeply)")
     if not isinstance(obj, dict) and not (allow_arrays and isinstance(obj, list)):
@@ -140,7 +146,7 @@ def iter_json_lines(path: str | Path, *, allow_arrays: bool = False) -> Iterator
                     if item is not None:
                         yield lineno, item
             except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-                yield lineno + 1, RecordError(str(path), lineno + 1, "", f"file is cut or corrupt here ({e})")
+                yield lineno + 1, RecordError(str(path), lineno + 1, "", f"file is cut or corrupt here ({one_line(e)})")
     except FileNotFoundError:
         raise ReconError(f"{path}: no such file") from None
     except OSError as e:

@@ -20,13 +20,18 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .errors import TokenizerLoadError
 from .families import CL100K, QWEN3_5, TiktokenFamily, get_family, guess_family
 from .gguf_vocab import read_gguf_metadata
+from .io import one_line
 from .tokenizer import AddedToken, HFTokenizer, TiktokenTokenizer, Tokenizer
 
 RANKS_NAMES = ("tiktoken.model",)
@@ -44,6 +49,34 @@ def _check_id_range(where: object, field: str, largest: int, tokens: int) -> Non
             f"{where}: {field}: id {largest} is far beyond the {tokens} tokens this tokenizer has "
             f"(at most {MAX_ID_GAP} ids of gap are accepted)"
         )
+
+
+@contextmanager
+def _native_panics_quiet() -> Iterator[None]:
+    """Run a call into a Rust core with file descriptor 2 set aside. A Rust panic prints its
+    own message and backtrace straight to fd 2 (not through ``sys.stderr``) before pyo3 turns it
+    into ``PanicException``; recon reports that exception in one line, so the raw output is
+    dropped when the call fails, and written out unchanged when it succeeds."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 to protect
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        os.dup2(sink.fileno(), 2)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if ok:
+                sink.seek(0)
+                if data := sink.read():
+                    os.write(2, data)
 
 
 def _native_failure(e: BaseException) -> bool:
@@ -194,15 +227,17 @@ def load_hf_json(path: Path, config: dict | None = None, *, name: str | None = N
     config = config or {}
     _read_json(path)  # a clear message for broken JSON before tokenizers' own
     try:
-        core = Core.from_file(str(path))
+        with _native_panics_quiet():
+            core = Core.from_file(str(path))
     except BaseException as e:  # tokenizers raises plain Exception subclasses with Rust messages
         if not _native_failure(e):
             raise
-        raise TokenizerLoadError(f"{path}: not a tokenizer.json the tokenizers library can read ({e})") from None
+        raise TokenizerLoadError(f"{path}: not a tokenizer.json the tokenizers library can read ({one_line(e)})") from None
     vocab = core.get_vocab(with_added_tokens=True)
     if not vocab:
         raise TokenizerLoadError(f"{path}: model.vocab: the vocabulary is empty")
     _check_id_range(path, "model.vocab", max(vocab.values()), len(vocab))
+    _probe(core, path)
     added = tuple(
         AddedToken(i, t.content, bool(t.special)) for i, t in sorted(core.get_added_tokens_decoder().items())
     )
@@ -215,6 +250,24 @@ def load_hf_json(path: Path, config: dict | None = None, *, name: str | None = N
         declared=_declared_from_config(config),
         roles=_roles_from_config(config),
     )
+
+
+#: Text every tokenizer must get through: letters, digits, punctuation, whitespace runs, accents, emoji.
+PROBE_TEXT = "Hello, world! 12345 \u00e9t\u00e9 na\u00efve \u4f60\u597d \U0001f600\n\n\t  x"
+
+
+def _probe(core, path: Path) -> None:
+    """Encode and decode a probe text (with every added token) once. Some ``tokenizer.json``
+    files load but make the Rust core panic on first use (``"normalizer": [""]`` does); better
+    a clear refusal now than a traceback in the middle of an audit."""
+    added = "".join(t.content for t in core.get_added_tokens_decoder().values())
+    try:
+        with _native_panics_quiet():
+            core.decode(core.encode(PROBE_TEXT + added, add_special_tokens=False).ids, skip_special_tokens=False)
+    except BaseException as e:
+        if not _native_failure(e):
+            raise
+        raise TokenizerLoadError(f"{path}: tokenizers fails on this file when encoding ({type(e).__name__}: {one_line(e)})") from None
 
 
 # -- tiktoken ranks -----------------------------------------------------------------------------
@@ -302,16 +355,17 @@ def build_tiktoken(
             if token_id not in specials and token_id not in by_rank:
                 specials[token_id] = AddedToken(token_id, f"<|reserved_token_{token_id}|>", True, declared=False)
     try:
-        core = tiktoken.Encoding(
-            name=Path(name).name or name,
-            pat_str=pattern or family.pattern,
-            mergeable_ranks=ranks,
-            special_tokens={t.content: i for i, t in specials.items()},
-        )
+        with _native_panics_quiet():
+            core = tiktoken.Encoding(
+                name=Path(name).name or name,
+                pat_str=pattern or family.pattern,
+                mergeable_ranks=ranks,
+                special_tokens={t.content: i for i, t in specials.items()},
+            )
     except BaseException as e:  # tiktoken reports a bad pattern or layout as ValueError/Rust panic
         if not _native_failure(e):
             raise
-        raise TokenizerLoadError(f"{source}: tiktoken could not build this tokenizer ({e})") from None
+        raise TokenizerLoadError(f"{source}: tiktoken could not build this tokenizer ({one_line(e)})") from None
     return TiktokenTokenizer(
         core,
         family,
@@ -363,11 +417,12 @@ def load_gguf(path: Path, *, name: str | None = None) -> HFTokenizer:
     tokens, types, merges, role_ids = _gguf_vocabulary(meta, path)
     vocab = {tok: i for i, tok in enumerate(tokens)}
     try:
-        core = Core(models.BPE(vocab, merges, fuse_unk=False))
+        with _native_panics_quiet():
+            core = Core(models.BPE(vocab, merges, fuse_unk=False))
     except BaseException as e:  # belt and braces: _gguf_vocabulary checks what tokenizers would refuse
         if not _native_failure(e):
             raise
-        raise TokenizerLoadError(f"{path}: key tokenizer.ggml.merges: tokenizers refused the vocabulary ({e})") from None
+        raise TokenizerLoadError(f"{path}: key tokenizer.ggml.merges: tokenizers refused the vocabulary ({one_line(e)})") from None
     how, regex = GGUF_PRE[pre]
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=how != "split")
     if how == "digits":

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .errors import ReconError
-from .io import RecordError, bad_record_count, iter_json_lines
+from .io import RecordError, bad_record_count, iter_json_lines, one_line
 
 
 @dataclass
@@ -254,7 +254,7 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, dict | RecordError]]:
     try:
         parquet = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises ArrowInvalid and friends
-        yield 1, RecordError(str(path), 1, "", f"not a readable Parquet file ({e})")
+        yield 1, RecordError(str(path), 1, "", f"not a readable Parquet file ({one_line(e)})")
         return
     row = 0
     batches = parquet.iter_batches(batch_size=4096)
@@ -263,7 +263,7 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, dict | RecordError]]:
             batch = next(batches, None)
             objs = None if batch is None else batch.to_pylist()
         except Exception as e:  # a corrupt page or row group: report where reading stopped
-            yield row + 1, RecordError(str(path), row + 1, "", f"file is cut or corrupt from this row on ({e})")
+            yield row + 1, RecordError(str(path), row + 1, "", f"file is cut or corrupt from this row on ({one_line(e)})")
             return
         if objs is None:
             return

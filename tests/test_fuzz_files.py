@@ -243,11 +243,24 @@ def _edited(data: dict, path: tuple, value: object) -> dict:
     (("model", "merges"), [["Ġ", "zz"]], r"not a tokenizer\.json the tokenizers library can read"),
     (("added_tokens",), "x", r"not a tokenizer\.json the tokenizers library can read"),
     (("added_tokens", 0, "id"), "x", r"not a tokenizer\.json the tokenizers library can read"),
+    (("truncation",), [{"\n": None}], r"not a tokenizer\.json the tokenizers library can read \(unknown variant"),
+    (("normalizer",), [""], r"tokenizers fails on this file when encoding \(PanicException: index out of bounds"),
 ])
 def test_bad_tokenizer_json_is_one_line(small_tokenizer_json, tmp_path, capsys, path, value, expected):
     tj = _tokenizer_json(tmp_path, _edited(small_tokenizer_json, path, value))
     message = one_line_error(capsys, "tokens", str(tj))
     assert message.startswith(str(tj)) and re.search(expected, message), message
+
+
+def test_a_rust_panic_is_one_line_on_stderr(small_tokenizer_json, tmp_path):
+    """tokenizers panics on first use of this file; Rust prints its own backtrace straight to fd 2.
+    recon sets that aside: stderr is the one line, even with RUST_BACKTRACE=1."""
+    tj = _tokenizer_json(tmp_path, _edited(small_tokenizer_json, ("normalizer",), [""]))
+    done = subprocess.run([sys.executable, "-m", "recon.cli", "tokens", str(tj)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env={**os.environ, "RUST_BACKTRACE": "1"})
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"recon: error: {tj}: tokenizers fails on this file when encoding (PanicException: ")
+    assert done.stderr.count("\n") == 1 and "panicked" not in done.stderr
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -284,8 +297,12 @@ def test_any_edit_of_a_tokenizer_json_loads_or_is_refused_cleanly(small_tokenize
     except TokenizerLoadError as e:
         assert str(e).startswith(str(tj)) and "\n" not in str(e), str(e)
         return
-    ids = tok.encode(" the cat")
-    assert all(0 <= i < tok.vocab_size for i in ids) and isinstance(tok.decode(ids), str)
+    try:  # a native panic is a BaseException: made an assertion so hypothesis shrinks and shows the case
+        ids = tok.encode(" the cat")
+        text = tok.decode(ids)
+    except BaseException as e:
+        raise AssertionError(f"{where} = {value!r}: {type(e).__name__}: {e}") from None
+    assert all(0 <= i < tok.vocab_size for i in ids) and isinstance(text, str)
 
 
 # -- sample files ---------------------------------------------------------------------------------------------
