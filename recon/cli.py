@@ -141,6 +141,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import ipaddress
+    import socket
 
     from .generate import LocalModel
     from .serve import Limits, make_server
@@ -159,9 +160,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not loopback:
         print(f"recon serve: warning: listening on {args.host} without authentication; anyone who can reach "
               "it can use the model", file=sys.stderr, flush=True)
-    model = LocalModel(args.model, threads=args.threads)
     try:
-        server = make_server(model, args.host, args.port, limits)
+        with socket.socket() as probe:  # a taken port fails now, not after loading the model
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((args.host, args.port))
+        server = make_server(LocalModel(args.model, threads=args.threads), args.host, args.port, limits)
     except OSError as e:  # port taken, address not ours
         raise ReconError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
     print(f"serving {args.model} on http://{args.host}:{server.server_port}/v1", flush=True)
