@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -81,6 +82,18 @@ def test_binds_loopback_unless_told_otherwise():
     from recon.serve import make_server
 
     assert inspect.signature(make_server).parameters["host"].default == "127.0.0.1"
+
+
+def test_serve_errors_are_one_line_and_come_before_the_model_loads(server):
+    run = recon("serve", "--max-concurrency", "0")
+    assert run.returncode == 2 and run.stderr == "recon: error: --max-concurrency must be positive\n"
+    port = urlsplit(server).port
+    run = recon("serve", "--port", str(port))  # the test server has it
+    assert run.returncode == 2 and run.stderr == f"recon: error: cannot listen on 127.0.0.1:{port} (Address already in use)\n"
+    run = recon("serve", "--host", "0.0.0.0", "--port", str(port))
+    warning, error = run.stderr.splitlines()
+    assert run.returncode == 2 and warning.startswith("recon serve: warning: listening on 0.0.0.0 without authentication")
+    assert error.startswith("recon: error: cannot listen on 0.0.0.0")
 
 
 def test_models_route(server):
