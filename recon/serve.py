@@ -12,15 +12,18 @@ built to survive what a real server meets:
 
 * Every bad request is an OpenAI-style JSON error, ``{"error": {"message", "type", "param",
   "code"}}``, with the status OpenAI uses: 400 for malformed JSON, wrong types and values out of
-  range, 404 ``model_not_found`` for another model and for unknown routes, 405 for a wrong method,
-  411 without ``Content-Length``, 413 for a body over the cap (refused from the header, never
-  read), 429 when the queue is full. Nothing a client sends produces a traceback.
+  range, 404 for an unknown route (``model_not_found`` for another model), 405 for a wrong
+  method, 411 without ``Content-Length``, 413 for a body over the cap (refused from the header,
+  never read), 429 when the queue is full. Nothing a client sends produces a traceback.
 * Load is bounded: at most ``max_concurrency`` requests are served at once, ``max_queue`` more
   wait, anything beyond is told 429 at once; connections are capped too, and every socket has a
   timeout, so idle, half-sent or vanished clients free their thread.
 * The model runs one batch at a time (a lock): sampling seeds torch's global generator, so one
   at a time is what keeps a seeded request reproducible.
-* It binds 127.0.0.1 unless told otherwise. It has no authentication.
+* It binds 127.0.0.1 unless told otherwise and has no authentication. Bound to loopback it
+  answers only requests whose ``Host`` is a loopback name (403 otherwise: DNS rebinding), and
+  POST bodies must say ``Content-Type: application/json`` (415 otherwise), which a web page can
+  only send after a CORS preflight that this server never grants.
 
 Streaming generates the whole sample first and then sends it token by token as
 ``chat.completion.chunk`` events (one token per chunk, with its logprobs and ids), because the
@@ -586,7 +589,7 @@ class Server(ThreadingHTTPServer):
             try:
                 request.settimeout(1.0)
                 request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+                                b"Content-Length: %d\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s" % (len(body), body))
             except OSError:
                 pass
             self.shutdown_request(request)
