@@ -337,6 +337,25 @@ def test_stalled_and_vanished_clients_do_not_wedge_it(server, client):
             s.close()
 
 
+def test_connections_beyond_the_cap_get_503_and_it_recovers(server, client):
+    """Each connection is a thread; beyond Limits.max_connections (256) one is answered 503 at once."""
+    held = []
+    try:
+        for _ in range(256 + 4):
+            held.append(socket.create_connection(_address(server), timeout=10))
+        reply = b""
+        while chunk := held[-1].recv(65536):
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.0 503") and b'"code": "server_overloaded"' in reply
+    finally:
+        for s in held:
+            s.close()
+    for _ in range(100):  # the held threads see their sockets close and end
+        if request(server, "GET", "/health")[0] == 200:
+            break
+    assert client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=1).choices
+
+
 def test_streaming_many_clients_at_once(server, client):
     """Concurrent streams: each is complete or refused, and the model lock keeps seeded sampling
     reproducible whatever the interleaving."""
