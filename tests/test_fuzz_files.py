@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import recon.io
-from recon import TokenizerLoadError, load_tokenizer
+from recon import TokenizerLoadError, load_tokenizer, specials
 from recon.cli import main
 
 from .conftest import ROOT, qwen_ranks_path
@@ -195,6 +195,7 @@ def test_any_added_tokens_decoder_loads_or_is_refused_cleanly(declared, tmp_path
     for token_id, token in tok.declared.items():  # loaded: every declared token is at its declared id
         assert tok.added_by_content[token.content].id == token_id
         assert tok.encode(token.content) == [token_id]
+    assert len(specials.discover(tok)) == len(tok.added_tokens)
 
 
 # -- tokenizer.json --------------------------------------------------------------------------------------
@@ -303,6 +304,7 @@ def test_any_edit_of_a_tokenizer_json_loads_or_is_refused_cleanly(small_tokenize
     except BaseException as e:
         raise AssertionError(f"{where} = {value!r}: {type(e).__name__}: {e}") from None
     assert all(0 <= i < tok.vocab_size for i in ids) and isinstance(text, str)
+    assert len(specials.discover(tok)) == len(tok.added_tokens)
 
 
 # -- sample files ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from recon import TokenizerLoadError, load_tokenizer
+from recon import TokenizerLoadError, load_tokenizer, specials
 from recon.bytelevel import bytes_to_piece
 from recon.cli import main
 from recon.errors import ReconError
@@ -359,6 +359,8 @@ def _outcome(path: Path) -> str:
     ids = tok.encode(text)
     assert all(0 <= i < tok.vocab_size for i in ids)
     assert isinstance(tok.decode(ids), str)  # text whose bytes the vocabulary lacks is dropped, as by the real model
+    table = specials.discover(tok)  # what `recon tokens` shows works on whatever loaded
+    assert len(table) == len(tok.added_tokens) and specials.verdict(tok, table, None)
     return "ok"
 
 
