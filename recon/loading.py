@@ -63,14 +63,16 @@ def _native_panics_quiet() -> Iterator[None]:
         yield
         return
     with tempfile.TemporaryFile() as sink:
-        sys.stderr.flush()
+        if sys.stderr is not None:
+            sys.stderr.flush()
         os.dup2(sink.fileno(), 2)
         ok = False
         try:
             yield
             ok = True
         finally:
-            sys.stderr.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
             if ok:
