@@ -396,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int)
     p.add_argument("--max-concurrency", type=int, default=4, help="requests served at once (default 4)")
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting beyond those; more get 429 (default 32)")
-    p.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens accepted (default 4096)")
+    p.add_argument("--max-tokens-limit", type=int, default=2048,
+                   help="most tokens one request may generate, max_tokens x n (default 2048; bounds memory too)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a connection may stall (default 30)")
     p.set_defaults(func=cmd_serve)
 
