@@ -70,7 +70,9 @@ class Limits:
 
     max_concurrency: int = 4  # requests served at once (the model itself runs one batch at a time)
     max_queue: int = 32  # requests waiting for a place; beyond this, 429
-    max_tokens: int = 4096  # cap on max_tokens (also bounded by the model's context)
+    #: tokens one request may generate (max_tokens x n). Sampling keeps every step's logits, 4 bytes
+    #: x the vocabulary (49,152 for SmolLM2: 197 kB) per token, so this also bounds memory (~0.8 GB)
+    max_tokens: int = 2048
     max_body_bytes: int = 1_000_000
     max_connections: int = 256  # open connections (threads); beyond this, 503 and close
     timeout: float = 30.0  # seconds a socket may sit idle while reading a request or sending
@@ -204,7 +206,13 @@ class ChatRequest:
     tokens_as_ids: bool = False
 
 
-def parse_chat_request(body: dict, *, served: str, max_tokens: int = 4096) -> ChatRequest:
+def _check_budget(n: int, max_tokens: int, cap: int, what: str) -> None:
+    if n * max_tokens > cap:
+        raise _bad("max_tokens", f"{what} x 'max_tokens' is {n} x {max_tokens} = {n * max_tokens} tokens; this server "
+                   f"generates at most {cap} per request")
+
+
+def parse_chat_request(body: dict, *, served: str, max_tokens: int = 2048) -> ChatRequest:
     """A chat completion body checked field by field; :class:`ApiError` names the first bad field."""
     check_model(body, served)
     messages = _messages(body.get("messages"))
@@ -219,11 +227,14 @@ def parse_chat_request(body: dict, *, served: str, max_tokens: int = 4096) -> Ch
         raise _bad("stream_options", "'stream_options' must be an object", "invalid_type")
     if options is not None and not stream:
         raise _bad("stream_options", "'stream_options' is only allowed with 'stream': true")
+    n = _integer(body, "n", 1, 1, MAX_N)
+    budget = _max_tokens(body, max_tokens, DEFAULT_MAX_TOKENS, 1)
+    _check_budget(n, budget, max_tokens, "'n'")
     return ChatRequest(
-        messages=messages, n=_integer(body, "n", 1, 1, MAX_N),
+        messages=messages, n=n,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        max_tokens=_max_tokens(body, max_tokens, DEFAULT_MAX_TOKENS, 1),
+        max_tokens=budget,
         seed=_integer(body, "seed", 0, -(2**63), 2**63 - 1),
         logprobs=logprobs, top_logprobs=top_logprobs, stream=stream,
         include_usage=_flag(options or {}, "include_usage"),
@@ -264,7 +275,7 @@ def _prompts(value: Any, vocab_size: int) -> list[list[int] | str]:
     return value
 
 
-def parse_completion_request(body: dict, *, served: str, vocab_size: int, max_tokens: int = 4096) -> CompletionRequest:
+def parse_completion_request(body: dict, *, served: str, vocab_size: int, max_tokens: int = 2048) -> CompletionRequest:
     """A ``/v1/completions`` body checked field by field (``max_tokens`` 0 scores the prompt only)."""
     check_model(body, served)
     prompts = _prompts(body.get("prompt"), vocab_size)
@@ -274,8 +285,10 @@ def parse_completion_request(body: dict, *, served: str, vocab_size: int, max_to
     if body.get("stream_options") is not None:
         raise _bad("stream_options", "'stream_options' is only allowed with 'stream': true")
     _integer(body, "n", 1, 1, 1)
+    budget = _max_tokens(body, max_tokens, 16, 0)
+    _check_budget(len(prompts), budget, max_tokens, "prompts")
     return CompletionRequest(
-        prompts=prompts, max_tokens=_max_tokens(body, max_tokens, 16, 0), echo=_flag(body, "echo"),
+        prompts=prompts, max_tokens=budget, echo=_flag(body, "echo"),
         logprobs=_integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS),
         prompt_logprobs=_integer(body, "prompt_logprobs", None, 0, MAX_TOP_LOGPROBS),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),

@@ -179,7 +179,8 @@ BAD_CHAT = [
     ({"messages": MESSAGES, "stop": ["\n"]}, 400, "stop", "unsupported_parameter"),
     ({"messages": MESSAGES, "model": 5}, 400, "model", None),
     ({"messages": MESSAGES, "model": "gpt-4o"}, 404, "model", "model_not_found"),
-    ({"messages": [{"role": "user", "content": "hello " * 5000}], "max_tokens": 4096}, 400, "max_tokens", None),  # over the context
+    ({"messages": MESSAGES, "n": 16, "max_tokens": 200}, 400, "max_tokens", None),  # 3,200 tokens > the 2,048 per request
+    ({"messages": [{"role": "user", "content": "hello " * 7000}], "max_tokens": 2000}, 400, "max_tokens", None),  # > context
 ]
 
 
@@ -188,6 +189,8 @@ def test_bad_chat_requests_get_openai_errors(server, body, status, param, code):
     got, payload = post(server, body)
     assert got == status
     assert_openai_error(payload, param=param, code=code)
+    if body is BAD_CHAT[-1][0]:
+        assert payload["error"]["message"].startswith("This model's maximum context length is 8192 tokens")
 
 
 BAD_COMPLETIONS = [
