@@ -13,6 +13,7 @@ import pandas as pd
 
 from . import views
 from .audit import CAUSES, STATUSES
+from .profiles import REGIONS
 from .records import Record
 from .tokenizer import Tokenizer
 
@@ -65,7 +66,7 @@ class TokenInspector:
 
 
 class SampleBrowser:
-    """Step through audited samples: choose a dataset, filter by status and cause; ground truth and
+    """Step through audited samples: choose a dataset, filter by status, cause and region; ground truth and
     reconstruction aligned with the first divergence outlined, ids and pieces around it."""
 
     def __init__(self, tok: Tokenizer, records: Sequence[Record], rows: pd.DataFrame):
@@ -78,6 +79,7 @@ class SampleBrowser:
         self.status = w.Dropdown(options=[NONE, *STATUSES], value="mismatch" if (rows["status"] == "mismatch").any() else NONE,
                                  description="status")
         self.cause = w.Dropdown(options=[NONE, *CAUSES], value=NONE, description="cause")
+        self.region = w.Dropdown(options=[NONE, *REGIONS], value=NONE, description="region")
         self.index = w.BoundedIntText(value=0, min=0, max=0, description="sample")
         self.prev, self.next = w.Button(description="◀ previous"), w.Button(description="next ▶")
         self.prev.on_click(lambda _: self.step(-1))
@@ -85,17 +87,18 @@ class SampleBrowser:
         self.count = w.HTML()
         self.output = w.HTML()
         self.window = w.HTML()
-        for control in (self.dataset, self.status, self.cause):
+        for control in (self.dataset, self.status, self.cause, self.region):
             control.observe(self._refilter, names="value")
         self.index.observe(self.refresh, names="value")
-        self.widget = w.VBox([w.HBox([self.dataset, self.status, self.cause]),
+        self.widget = w.VBox([w.HBox([self.dataset, self.status, self.cause, self.region]),
                               w.HBox([self.prev, self.index, self.next, self.count]), self.output, self.window])
         self._refilter()
 
     @property
     def selection(self) -> pd.DataFrame:
         pick = lambda v: None if v == NONE else v  # noqa: E731
-        return views.filter_rows(self.rows, dataset=pick(self.dataset.value), status=pick(self.status.value), cause=pick(self.cause.value))
+        return views.filter_rows(self.rows, dataset=pick(self.dataset.value), status=pick(self.status.value), cause=pick(self.cause.value),
+                                 region=pick(self.region.value))
 
     def _refilter(self, _change=None) -> None:
         n = len(self.selection)

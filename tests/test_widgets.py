@@ -55,6 +55,10 @@ def test_sample_browser_filters_and_steps(audited):
     assert browser.count.value == "17 samples"
     browser.cause.value = "invalid_utf8"
     assert browser.count.value == "5 samples"
+    browser.region.value = "tool_call"  # chatml output has no calls: nothing there
+    assert browser.count.value == "0 samples"
+    browser.region.value = "content"
+    assert browser.count.value == "5 samples"
     assert "[invalid_utf8]" in browser.output.value and "outline:2px solid" in browser.output.value
     first = browser.output.value
     browser.next.click()
@@ -69,6 +73,8 @@ def test_sample_browser_filters_and_steps(audited):
     assert "<td>True</td>" in browser.window.value  # the drill-down marks the differing positions
     browser.status.value = "exact"
     browser.cause.value = "(none)"
+    assert browser.count.value == "0 samples"  # exact samples have no divergence, so no region
+    browser.region.value = "(none)"
     assert browser.count.value == "143 samples" and "sample p00" in browser.output.value and "exact" in browser.output.value
 
 
