@@ -33,7 +33,15 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     if not path.is_file():
         raise ReconError(f"{path}: no such prompts file")
     prompts = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        raw_lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise ReconError(f"{path}: cannot read ({e.strerror or e})") from None
+    for lineno, raw in enumerate(raw_lines, 1):
+        try:
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise ReconError(f"{path}, line {lineno}: not valid UTF-8 (byte {e.start})") from None
         if not line.strip():
             continue
         if path.suffix != ".jsonl":
@@ -43,9 +51,14 @@ def load_prompts(path: str | Path) -> list[Prompt]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ReconError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise ReconError(f"{path}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
         messages = obj.get("messages") or ([{"role": "user", "content": obj["prompt"]}] if isinstance(obj.get("prompt"), str) else None)
         if not isinstance(messages, list) or not messages:
             raise ReconError(f"{path}, line {lineno}, field messages: expected a list of messages (or a 'prompt' string)")
+        for k, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise ReconError(f"{path}, line {lineno}, field messages[{k}]: expected an object with a 'role' string")
         prompts.append(Prompt(str(obj.get("id", f"p{lineno:04d}")), messages))
     if not prompts:
         raise ReconError(f"{path}: no prompts")

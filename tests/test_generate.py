@@ -67,6 +67,12 @@ def test_prompts_file_errors(tmp_path):
     bad.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n{"id": "b"}\n')
     with pytest.raises(ReconError, match=r"prompts.jsonl, line 2, field messages"):
         load_prompts(bad)
+    for content, where in ((b'[1, 2]\n', r"line 1: expected a JSON object, got list"),
+                           (b'{"messages": [{"role": "user"}]}\n\xff\xfe\n', r"line 2: not valid UTF-8"),
+                           (b'{"messages": ["hi"]}\n', r"line 1, field messages\[0\]: expected an object")):
+        bad.write_bytes(content)
+        with pytest.raises(ReconError, match=where):
+            load_prompts(bad)
     assert len(load_prompts(DATA / "prompts.jsonl")) == 40
     text = tmp_path / "prompts.txt"
     text.write_text("one\n\ntwo\n")
