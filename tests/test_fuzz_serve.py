@@ -53,6 +53,20 @@ def test_send_events_reports_a_client_that_left():
     assert b.recv(1000) == b'data: {"n": 1}\n\ndata: [DONE]\n\n'
 
 
+def test_send_events_gives_up_on_a_client_that_stops_reading():
+    """The server's sockets have a timeout: a stream nobody reads fills the buffers, the send times
+    out, and the handler returns (freeing its place) instead of blocking forever."""
+    here, there = socket.socketpair()
+    try:
+        here.settimeout(0.2)
+        events = ({"n": k, "pad": "x" * 4096} for k in range(100_000))  # far more than the socket buffers hold
+        assert send_events(here.makefile("wb", buffering=0), events) is False
+        assert b"data: [DONE]" not in there.recv(1 << 20)
+    finally:
+        here.close()
+        there.close()
+
+
 def test_content_deltas_hold_back_half_characters(tokenizers):
     tok = tokenizers["smollm2"]
     ids = tok.encode("Hi 👋 there") + [tok.added_by_content["<|im_end|>"].id]
