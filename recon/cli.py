@@ -270,13 +270,37 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .engine import audit_files
 
+    from .export import Policy
+
     run = audit_files(
         args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
-        mode=args.mode, options=_parse_options(args), export_path=args.out, policy=args.policy, **_engine_options(args),
+        mode=args.mode, options=_parse_options(args), export_path=args.out,
+        policy=Policy(args.policy, args.min_confidence), **_engine_options(args),
     )
     _print_errors(run.errors)
     n = run.summary["samples"]
     print(f"wrote {n} samples to {run.rows_path}: {run.kept} kept under policy {args.policy}, {n - run.kept} not")
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from . import load_tokenizer
+    from .profiles import load_profile
+    from .records import read_records, write_records
+    from .recover import make_scorer, recover, summary_line
+
+    tok = load_tokenizer(args.tokenizer, family=args.family)
+    bound = load_profile(args.profile).bind(tok)
+    data = read_records(args.data, vocab_size=tok.vocab_size)
+    _print_errors(data.errors)
+    if not data.records:
+        raise ReconError(f"no usable records in {', '.join(args.data)} ({data.bad_records} bad)")
+    scorer = make_scorer(args.scorer, tok, model=args.model, threads=args.threads, top_k=args.top_k)
+    results = list(recover(data.records, bound, scorer, temperature=args.temperature, lookahead=args.lookahead))
+    for rec, res in zip(data.records, results):
+        rec.meta = {**rec.meta, "recover": res.to_meta()}
+    n = write_records(data.records, args.out)
+    print(f"wrote {n} records to {args.out}; {summary_line(results, args.min_confidence)}; {data.summary()}")
     return 0
 
 
@@ -349,10 +373,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="the training-ready dataset: ids, status, cause and a keep flag")
     _add_audit_arguments(p)
-    p.add_argument("--policy", default="exact-only", choices=["exact-only", "fallback", "drop-mismatches"])
+    p.add_argument("--policy", default="exact-only", choices=["exact-only", "fallback", "drop-mismatches", "recover"],
+                   help="recover: exact samples, plus samples whose ids `recon recover` recovered confidently")
+    p.add_argument("--min-confidence", type=float, default=0.9, metavar="P",
+                   help="recover: least recovery confidence to keep a sample (default 0.9)")
     p.add_argument("--out", required=True, help=".parquet or .jsonl")
     _add_engine_arguments(p)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("recover", help="the ids a model most likely sampled for text that doesn't round-trip (needs a scorer)")
+    p.add_argument("data", nargs="+", help="sample files (records need prompt_ids)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer spec (the scoring model's vocabulary)")
+    p.add_argument("--family", help="pre-tokenizer family for a tiktoken ranks file")
+    p.add_argument("--profile", required=True, help="kimi-k2, deepseek, qwen3, chatml, or a YAML file")
+    p.add_argument("--scorer", default="local",
+                   help="local (the GGUF model in-process, the 'generate' extra) or an OpenAI-compatible server URL "
+                        "with vLLM-style prompt_logprobs, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", default="smollm2", help="local: the GGUF model; server: the model name to send")
+    p.add_argument("--threads", type=int, help="local: torch threads")
+    p.add_argument("--top-k", type=int, help="alternatives per position the scorer reports (default: local 64, server 20)")
+    p.add_argument("--temperature", type=float,
+                   help="score at this temperature (default: the record's meta temperature for the local scorer, else 1)")
+    p.add_argument("--lookahead", action="store_true", help="decide each cut by scoring whole drafts (slower)")
+    p.add_argument("--min-confidence", type=float, default=0.9, metavar="P", help="confidence counted in the summary line")
+    p.add_argument("--out", required=True, help="the records with meta.recover added (JSONL)")
+    p.set_defaults(func=cmd_recover)
 
     p = sub.add_parser("validate", help="check sample files: every bad record with file, line and field")
     p.add_argument("data", nargs="+", help="JSONL (.gz) or Parquet files in the sample format")

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Sequence
 
 from .audit import arrow_schema, audit_rows
 from .errors import ReconError
-from .export import TableWriter, check_policy, export_rows
+from .export import Policy, TableWriter, check_policy, export_rows
 from .export import arrow_schema as export_schema
 from .io import RecordError
 from .profiles import BoundProfile, ParseOptions, load_profile
@@ -132,14 +132,15 @@ def audit_stream(
     options: ParseOptions | None = None,
     rows_path: str | Path | None = None,
     export_path: str | Path | None = None,
-    policy: str = "exact-only",
+    policy: "str | Policy" = "exact-only",
     dask: str | None = None,
     client=None,
     workers: int | None = None,
     progress: bool | None = None,
 ) -> AuditRun:
     """Audit chunks of records; write the audit rows to ``rows_path`` (Parquet), or the
-    training-ready export under ``policy`` to ``export_path`` (Parquet or JSONL), in input order.
+    training-ready export under ``policy`` (a name, or a :class:`~recon.export.Policy` with its
+    setting, e.g. ``recover``'s least confidence) to ``export_path`` (Parquet or JSONL), in input order.
 
     Chunks go to ``workers`` processes on this machine (default: one per core; 1 = this process).
     ``dask``: ``"local"`` (a LocalCluster on this machine) or a scheduler address; or pass a

@@ -5,13 +5,17 @@ Policies (what ``keep`` means):
 * ``exact-only``      — only samples whose reconstruction matched the ground truth;
 * ``fallback``        — every sample with ids: the ground truth where there is one (a mismatch
   falls back to it), else the reconstruction; only errors are dropped;
-* ``drop-mismatches`` — exact samples and unverifiable ones (reconstruct-only), not known-bad ones.
+* ``drop-mismatches`` — exact samples and unverifiable ones (reconstruct-only), not known-bad ones;
+* ``recover``         — exact samples with their ids, and every other sample whose recovered ids
+  (``meta["recover"]``, written by ``recon recover``) have at least ``min_confidence``; the rest
+  are dropped. This is the policy for API text without ground truth.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
@@ -19,26 +23,55 @@ import pandas as pd
 from .errors import ReconError
 from .records import Record
 
-POLICIES = ("exact-only", "fallback", "drop-mismatches")
+POLICIES = ("exact-only", "fallback", "drop-mismatches", "recover")
 KEEP = {
     "exact-only": {"exact"},
     "fallback": {"exact", "mismatch", "unverified"},
     "drop-mismatches": {"exact", "unverified"},
+    "recover": {"exact"},  # plus samples recovered confidently
 }
+#: ``recover``: the default least confidence for recovered ids to be kept
+MIN_CONFIDENCE = 0.9
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A policy with its setting (a plain name means the default setting); picklable, so it
+    travels to the audit engine's workers like the name does."""
+
+    name: str
+    min_confidence: float = MIN_CONFIDENCE
+
+
+def _policy(policy: "str | Policy") -> Policy:
+    return policy if isinstance(policy, Policy) else Policy(policy)
+
+
+def _recovered(rec: Record, min_confidence: float) -> list[int] | None:
+    """The record's recovered ids when ``recon recover`` was confident enough about them."""
+    found = rec.meta.get("recover") if isinstance(rec.meta, dict) else None
+    if not isinstance(found, dict) or not isinstance(found.get("ids"), list):
+        return None
+    conf = found.get("confidence")
+    return list(found["ids"]) if isinstance(conf, (int, float)) and conf >= min_confidence else None
 
 
 COLUMNS = ["id", "dataset", "ids", "ids_source", "status", "cause", "causes", "keep"]
 
 
-def check_policy(policy: str) -> None:
-    if policy not in KEEP:
-        raise ReconError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+def check_policy(policy: "str | Policy") -> None:
+    policy = _policy(policy)
+    if policy.name not in KEEP:
+        raise ReconError(f"unknown policy {policy.name!r}; choose one of {', '.join(POLICIES)}")
+    if not 0.0 <= policy.min_confidence <= 1.0:
+        raise ReconError(f"min confidence {policy.min_confidence}: expected a number from 0 to 1")
 
 
-def export_rows(records: Sequence[Record], rows: Iterable[Mapping], policy: str) -> list[dict]:
+def export_rows(records: Sequence[Record], rows: Iterable[Mapping], policy: "str | Policy") -> list[dict]:
     """One export row per record and its audit row (with ``recon_ids``): ``COLUMNS``."""
     check_policy(policy)
-    keep = KEEP[policy]
+    policy = _policy(policy)
+    keep = KEEP[policy.name]
     out = []
     for rec, row in zip(records, rows):
         if "recon_ids" not in row:
@@ -50,13 +83,18 @@ def export_rows(records: Sequence[Record], rows: Iterable[Mapping], policy: str)
             ids, source = list(recon), "reconstruction"
         else:
             ids, source = None, "none"
+        kept = row["status"] in keep and ids is not None
+        if policy.name == "recover" and not kept:
+            recovered = _recovered(rec, policy.min_confidence)
+            if recovered is not None:
+                ids, source, kept = recovered, "recovered", True
         out.append({"id": row["id"], "dataset": row["dataset"], "ids": ids, "ids_source": source,
                     "status": row["status"], "cause": row["cause"], "causes": list(row["causes"] or []),
-                    "keep": row["status"] in keep and ids is not None})
+                    "keep": kept})
     return out
 
 
-def export_table(records: Sequence[Record], audited: pd.DataFrame, policy: str) -> pd.DataFrame:
+def export_table(records: Sequence[Record], audited: pd.DataFrame, policy: "str | Policy") -> pd.DataFrame:
     """One row per record: ``id, dataset, ids, ids_source, status, cause, causes, keep``."""
     check_policy(policy)
     if "recon_ids" not in audited.columns:

@@ -1,0 +1,567 @@
+"""Recover the ids a model sampled when its text does not round-trip.
+
+A non-canonical sample spells the same bytes as the canonical encoding of its text, only cut
+into tokens differently (the model sampled ``Ġj`` + ``ets`` where the tokenizer merges
+``Ġjets``). Those ids are not lost: the bytes admit only a few segmentations, and the model
+that sampled them ranks them.
+
+The search is constrained greedy decoding, done speculatively. The canonical encoding is the
+draft; one teacher-forced pass over prompt + draft gives the model's distribution at every
+position. At each position the tokens the model could have emitted are those whose bytes are a
+prefix of the text still to come; if one of them beats the draft's token, the draft is cut
+there: the better token goes in, the bytes up to the next draft boundary are refilled with the
+fewest tokens, and a new pass verifies the rest. A sample needs one pass per divergence, plus
+one. With ``lookahead`` each cut is instead decided by scoring whole drafts: every candidate
+token within ``margin`` of the best, with the draft that follows it, summed over a window.
+
+Scores come from a :class:`Scorer`: the local model (:class:`LocalScorer`, the ``generate``
+extra) or an OpenAI-compatible server's prompt logprobs (:class:`ServerScorer`, vLLM's shape).
+The confidence is the product, over positions, of the chosen token's share of probability among
+the byte-consistent tokens the scorer reports there (at the sampling temperature when the
+record's ``meta`` has it and the scorer can apply it): 1.0 means no other cut had any weight.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Protocol, Sequence
+
+from .errors import ReconError
+from .generate import SequenceLogprobs
+from .profiles import BoundProfile
+from .reconstruct import reconstruct_batch, view_of
+from .records import Record
+from .tokenizer import Tokenizer
+
+#: with lookahead, a position is worth scoring whole drafts for when the alternatives hold this share
+MIN_SHARE = 1e-3
+#: positions where the chosen token holds less than this share are reported as choices
+CHOICE_SHARE = 0.99
+#: bytes a re-cut may span (from the cut to where it rejoins the draft)
+MAX_SPAN = 32
+
+
+class Scorer(Protocol):
+    """Teacher-forced logprobs for whole sequences (prompt + output)."""
+
+    #: how many most-likely tokens it reports per position (the only alternatives it can see)
+    top_k: int
+    #: whether it can score at a temperature other than 1
+    tempered: bool
+
+    def __call__(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0,
+                 alternatives: dict[int, list[int]] | None = None) -> list[SequenceLogprobs]:
+        """Logprobs of each sequence's tokens and the ``top_k`` at each position; for a single
+        sequence, also of the ``alternatives`` ids at their positions, where the scorer can."""
+
+
+class LocalScorer:
+    """The local model (:class:`recon.generate.LocalModel`) scoring in-process.
+
+    Recovery scores many sequences that share a long prefix with the last one scored alone (a
+    draft cut at position k, the windows after k). The model's key/value cache of that last
+    sequence is kept, so only the tokens after the shared prefix are run again."""
+
+    tempered = True
+
+    def __init__(self, model, top_k: int = 64, min_shared: int = 8):
+        self.model, self.top_k, self.min_shared = model, top_k, min_shared
+        self._last: tuple[list[int], float, SequenceLogprobs, object] | None = None
+
+    def __call__(self, sequences, temperature=1.0, alternatives=None):
+        seqs = [list(map(int, s)) for s in sequences]
+        shared = 0
+        if self._last is not None and self._last[1] == temperature and seqs:
+            last = self._last[0]
+            shared = min(_common_prefix(last, s) for s in seqs)
+            shared = min(shared, min(map(len, seqs)) - 1)
+        if shared < self.min_shared:
+            if len(seqs) != 1:
+                return self.model.token_logprobs(seqs, top_k=self.top_k, temperature=temperature)
+            shared = 0
+        return self._extend(seqs, shared, temperature, alternatives or {})
+
+    def _extend(self, seqs: list[list[int]], shared: int, temperature: float,
+                alternatives: dict[int, list[int]]) -> list[SequenceLogprobs]:
+        """Score ``seqs`` (all starting with the last sequence's first ``shared`` tokens) from the cache."""
+        import copy
+
+        torch = self.model.torch
+        model = self.model.model
+        keep = max(shared - 1, 0)  # cached positions reused; position ``keep`` is run again for its logits
+        width = max(len(s) for s in seqs) - keep
+        rows = [s[keep:] + [self.model.pad_id] * (width - len(s) + keep) for s in seqs]
+        mask = torch.tensor([[1] * keep + [1] * (len(s) - keep) + [0] * (width - len(s) + keep) for s in seqs])
+        cache = None
+        if keep:
+            cache = copy.deepcopy(self._last[3])
+            if cache.get_seq_length() > keep:
+                cache.crop(keep - cache.get_seq_length())  # negative: tokens to drop (every transformers 5.x)
+            if len(seqs) > 1:
+                cache.batch_repeat_interleave(len(seqs))
+        else:
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor(rows), attention_mask=mask, use_cache=True, **{self._cache_arg: cache})
+            logits = out.logits.float()
+            if temperature != 1.0:
+                logits /= temperature
+            lse = torch.logsumexp(logits[:, :-1], dim=-1)
+            target = torch.tensor(rows)[:, 1:].unsqueeze(-1)
+            picked = logits[:, :-1].gather(-1, target)
+            ranks = ((logits[:, :-1] > picked).sum(-1) + 1).tolist()
+            chosen = (picked.squeeze(-1) - lse).tolist()
+            values, indices = logits[:, :-1].topk(self.top_k, dim=-1)
+            values = (values - lse.unsqueeze(-1)).tolist()
+            indices = indices.tolist()
+            extra = {}
+            if len(seqs) == 1:  # sampled tokens are often far outside the top-k: ask for them by id
+                for pos, ids in alternatives.items():
+                    j = pos - keep - 1
+                    if 0 <= j < len(seqs[0]) - keep - 1 and ids:
+                        extra[j] = list(zip(ids, (logits[0, j, ids] - lse[0, j]).tolist()))
+        results = []
+        for r, s in enumerate(seqs):
+            m = len(s) - keep - 1  # new positions keep+1 .. len(s)-1
+            if keep:
+                old = self._last[2]
+                lps, rks, tops = old.logprobs[: keep + 1], old.ranks[: keep + 1], old.top[: keep + 1]
+            else:
+                lps, rks, tops = [None], [None], [[]]
+            new_top = [list(zip(a, b)) for a, b in zip(indices[r][:m], values[r][:m])]
+            for j, pairs in extra.items():
+                new_top[j] = new_top[j] + pairs
+            results.append(SequenceLogprobs(lps + chosen[r][:m], rks + ranks[r][:m], tops + new_top))
+        if len(seqs) == 1:
+            self._last = (seqs[0], temperature, results[0], cache)
+        return results
+
+    @property
+    def _cache_arg(self) -> str:
+        """transformers renamed ``past_key_values`` to ``cache`` during 5.x."""
+        import inspect
+
+        return "cache" if "cache" in inspect.signature(self.model.model.forward).parameters else "past_key_values"
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ServerScorer:
+    """An OpenAI-compatible server's prompt logprobs (vLLM's shape): ``POST /v1/completions`` with
+    the token ids as ``prompt``, ``max_tokens: 1``, ``echo: true``, ``prompt_logprobs: k``.
+    Servers report temperature-1 prompt logprobs, so ``tempered`` is False."""
+
+    tempered = False
+
+    def __init__(self, url: str, model: str | None = None, top_k: int = 20, timeout: float = 120.0, api_key: str | None = None):
+        self.url = url.rstrip("/")
+        if not self.url.endswith("/completions"):
+            self.url += "/completions" if self.url.endswith("/v1") else "/v1/completions"
+        self.model, self.top_k, self.timeout, self.api_key = model, top_k, timeout, api_key
+
+    def request_body(self, ids: Sequence[int]) -> dict:
+        body = {"prompt": list(ids), "max_tokens": 1, "echo": True, "prompt_logprobs": self.top_k, "temperature": 0}
+        if self.model:
+            body["model"] = self.model
+        return body
+
+    def __call__(self, sequences, temperature=1.0, alternatives=None):
+        out = []  # a server reports the top-k only: alternatives outside it are not seen
+        for ids in sequences:
+            req = urllib.request.Request(self.url, data=json.dumps(self.request_body(ids)).encode(),
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    payload = json.load(resp)
+            except OSError as e:
+                raise ReconError(f"{self.url}: {e}") from None
+            out.append(parse_prompt_logprobs(payload, ids, source=self.url))
+        return out
+
+
+def parse_prompt_logprobs(payload: dict, ids: Sequence[int], *, source: str = "response") -> SequenceLogprobs:
+    """A vLLM ``/v1/completions`` response's ``choices[0].prompt_logprobs`` as :class:`SequenceLogprobs`."""
+    try:
+        entries = payload["choices"][0]["prompt_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        raise ReconError(f"{source}: no choices[0].prompt_logprobs in the response (does the server support prompt_logprobs?)") from None
+    if not isinstance(entries, list) or len(entries) != len(ids):
+        raise ReconError(f"{source}: prompt_logprobs has {len(entries) if isinstance(entries, list) else 'no'} entries for {len(ids)} prompt ids")
+    logprobs: list[float | None] = [None]
+    ranks: list[int | None] = [None]
+    top: list[list[tuple[int, float]]] = [[]]
+    for i, entry in enumerate(entries[1:], 1):
+        if not isinstance(entry, dict) or str(ids[i]) not in entry:
+            raise ReconError(f"{source}: prompt_logprobs[{i}] does not hold the prompt's token {ids[i]}")
+        mine = entry[str(ids[i])]
+        logprobs.append(float(mine["logprob"]))
+        ranks.append(mine.get("rank"))
+        top.append(sorted(((int(k), float(v["logprob"])) for k, v in entry.items()), key=lambda kv: -kv[1]))
+    return SequenceLogprobs(logprobs, ranks, top)
+
+
+# -- segmentations ---------------------------------------------------------------------------------------
+class Segmenter:
+    """Which ordinary tokens spell a given stretch of bytes (special tokens never stand in for text)."""
+
+    def __init__(self, tok: Tokenizer):
+        self.tok = tok
+        fixed = {t.id for t in tok.added_tokens}
+        self.token_bytes = tok.token_bytes
+        self.ordinary = {data: i for data, i in tok.bytes_to_id.items() if i not in fixed}
+        self.fixed = frozenset(fixed)
+        self.max_len = max(map(len, self.ordinary))
+
+    def prefixes(self, data: bytes, lo: int, hi: int) -> list[int]:
+        """Ordinary tokens whose bytes are a prefix of ``data[lo:hi]``."""
+        found = []
+        for length in range(1, min(self.max_len, hi - lo) + 1):
+            tid = self.ordinary.get(data[lo : lo + length])
+            if tid is not None:
+                found.append(tid)
+        return found
+
+    def fewest(self, data: bytes) -> list[int]:
+        """The segmentation of ``data`` into the fewest ordinary tokens (longest first on ties)."""
+        n = len(data)
+        best: list[tuple[int, int] | None] = [None] * (n + 1)  # (tokens, length of last) to reach i
+        best[0] = (0, 0)
+        for i in range(n):
+            if best[i] is None:
+                continue
+            for length in range(min(self.max_len, n - i), 0, -1):
+                if data[i : i + length] in self.ordinary:
+                    cand = (best[i][0] + 1, length)
+                    if best[i + length] is None or cand[0] < best[i + length][0]:
+                        best[i + length] = cand
+        if best[n] is None:
+            raise ReconError(f"no segmentation of {data!r} into ordinary tokens")
+        out, i = [], n
+        while i:
+            length = best[i][1]
+            out.append(self.ordinary[data[i - length : i]])
+            i -= length
+        return out[::-1]
+
+    def all(self, data: bytes, limit: int = 64, max_tokens: int = 6) -> list[list[int]]:
+        """Up to ``limit`` segmentations of ``data`` (at most ``max_tokens`` tokens), fewest tokens first."""
+        found: list[list[int]] = []
+
+        def walk(i: int, acc: list[int]) -> None:
+            if i == len(data):
+                found.append(list(acc))
+                return
+            if len(acc) >= max_tokens:
+                return
+            for length in range(min(self.max_len, len(data) - i), 0, -1):
+                tid = self.ordinary.get(data[i : i + length])
+                if tid is not None:
+                    acc.append(tid)
+                    walk(i + length, acc)
+                    acc.pop()
+                    if len(found) >= limit * 8:
+                        return
+
+        walk(0, [])
+        found.sort(key=len)
+        return found[:limit]
+
+
+# -- results ---------------------------------------------------------------------------------------------
+@dataclass
+class Choice:
+    """A position where another cut of the text had weight: the candidates for the token there."""
+
+    position: int  # index in the output ids
+    offset: int  # byte offset in the output
+    #: (token id, log score), best first; ``log score`` is the logprob there (or, with lookahead,
+    #: the summed logprob of that candidate's draft over the window)
+    candidates: list[tuple[int, float]]
+    chosen: int
+    share: float  # the chosen candidate's share of probability among the candidates
+
+
+@dataclass
+class Recovery:
+    """The recovered ids of one record, how sure, and what else was considered."""
+
+    id: str
+    dataset: str
+    ids: list[int] | None
+    canonical: list[int] | None
+    confidence: float | None
+    choices: list[Choice] = field(default_factory=list)
+    passes: int = 0
+    #: recovered == ground truth / canonical encode == ground truth (None without output_ids)
+    exact: bool | None = None
+    canonical_exact: bool | None = None
+    error: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.ids is not None and self.ids != self.canonical
+
+    @property
+    def n_candidates(self) -> int:
+        """Full sequences considered: the chosen one plus one per other candidate at each choice."""
+        return 1 + sum(len(c.candidates) - 1 for c in self.choices)
+
+    def candidate_sequences(self, seg: Segmenter) -> list[list[int]]:
+        """The recovered ids, then each single-choice alternative: the other candidate token at a
+        choice with the bytes up to the next boundary refilled (all spell the same bytes)."""
+        if self.ids is None:
+            return []
+        out = [list(self.ids)]
+        for choice in self.choices:
+            for tid, _ in choice.candidates:
+                if tid != self.ids[choice.position]:
+                    out.append(_cut(seg, self.ids, choice.position, tid))
+        return out
+
+    def to_meta(self) -> dict:
+        """What ``recon recover`` stores in a record's ``meta["recover"]`` (and export reads back)."""
+        return {"ids": self.ids, "confidence": None if self.confidence is None else round(self.confidence, 6),
+                "candidates": self.n_candidates if self.ids is not None else 0, "changed": self.changed,
+                "exact": self.exact, "canonical_exact": self.canonical_exact, "passes": self.passes,
+                "error": self.error}
+
+
+# -- the search ------------------------------------------------------------------------------------------
+def _offsets(token_bytes: Sequence[bytes], ids: Sequence[int]) -> list[int]:
+    out = [0]
+    for i in ids:
+        out.append(out[-1] + len(token_bytes[i]))
+    return out
+
+
+def _cut(seg: Segmenter, ids: Sequence[int], k: int, tid: int) -> list[int]:
+    """``ids`` with token ``tid`` at position ``k``: bytes from its end up to the next boundary of
+    ``ids`` refilled with the fewest tokens, the rest of ``ids`` unchanged. Same bytes throughout."""
+    offs = _offsets(seg.token_bytes, ids)
+    end = offs[k] + len(seg.token_bytes[tid])
+    j = next(j for j in range(k + 1, len(offs)) if offs[j] >= end)
+    data = b"".join(seg.token_bytes[i] for i in ids[k:j])
+    return list(ids[:k]) + [tid] + (seg.fewest(data[end - offs[k] :]) if offs[j] > end else []) + list(ids[j:])
+
+
+def _cuts(seg: Segmenter, ids: Sequence[int], k: int, tid: int, rejoins: int) -> list[list[int]]:
+    """:func:`_cut`, and the same cut rejoining ``ids`` up to ``rejoins`` boundaries later (the
+    bytes in between refilled with the fewest tokens): ``ber`` + ``rying`` where the draft had
+    ``berry`` + ``ing``. Only within the stretch of text before the next fixed token."""
+    offs = _offsets(seg.token_bytes, ids)
+    end = offs[k] + len(seg.token_bytes[tid])
+    first = next(j for j in range(k + 1, len(offs)) if offs[j] >= end)
+    out = []
+    for j in range(first, min(first + rejoins + 1, len(ids) + 1)):
+        if j > first and (ids[j - 1] in seg.fixed or offs[j] - offs[k] > MAX_SPAN):
+            break
+        data = b"".join(seg.token_bytes[i] for i in ids[k:j])
+        rest = data[end - offs[k] :]
+        out.append(list(ids[:k]) + [tid] + (seg.fewest(rest) if rest else []) + list(ids[j:]))
+    return out
+
+
+def _spellable(seg: Segmenter, ids: Sequence[int], offs: Sequence[int], data: bytes, k: int) -> tuple[int, int]:
+    """Byte range position ``k`` may take a token from: up to the next fixed (special) token."""
+    end = next((offs[j] for j in range(k, len(ids)) if ids[j] in seg.fixed), len(data))
+    return offs[k], end
+
+
+def _share(chosen_lp: float, lps: Iterable[float]) -> float:
+    lps = list(lps)
+    top = max(lps)
+    return math.exp(chosen_lp - top) / sum(math.exp(x - top) for x in lps)
+
+
+def _boundary_index(seg: Segmenter, ids: Sequence[int], offset: int) -> int:
+    """The index in ``ids`` of the token starting at byte ``offset`` (len(ids) at the end)."""
+    pos = 0
+    for j, i in enumerate(ids):
+        if pos >= offset:
+            return j
+        pos += len(seg.token_bytes[i])
+    return len(ids)
+
+
+def recover_ids(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer: Scorer, *,
+                temperature: float = 1.0, lookahead: bool = True, margin: float = 8.0, window: int = 4,
+                rejoins: int = 2, flag: float = 0.98, max_passes: int = 400) -> tuple[list[int], float, list[Choice], int]:
+    """The most likely ids spelling the same bytes as ``canonical`` after ``prompt``.
+
+    Returns (ids, confidence, choices, scorer calls). At a position where the draft's token holds
+    less than ``flag`` of the probability among the byte-consistent tokens (or isn't the most
+    likely), every such token within ``margin`` nats of the best is tried: its draft is scored up
+    to ``window`` tokens past the point where all contenders rejoin the same cut, and the best
+    sum wins. A token-level choice alone would pick a bare ``Ġ`` over ``Ġstated``; the window
+    sees that ``stated`` without its space is improbable. ``lookahead=False`` takes the best
+    token alone (cheaper, worse)."""
+    tb = seg.token_bytes
+    draft = list(canonical)
+    data = b"".join(tb[i] for i in draft)
+    n = len(prompt)
+    start, calls, confidence, choices = 0, 0, 1.0, []
+    scored = None
+    while calls < max_passes:
+        offs = _offsets(tb, draft)
+        if scored is None:
+            wanted = {n + k: seg.prefixes(data, *_spellable(seg, draft, offs, data, k))
+                      for k in range(start, len(draft)) if draft[k] not in seg.fixed}
+            scored = scorer([list(prompt) + draft], temperature, wanted)[0]
+            calls += 1
+        cut = None
+        for k in range(start, len(draft)):
+            if draft[k] in seg.fixed or n + k == 0:
+                continue
+            lo, hi = _spellable(seg, draft, offs, data, k)
+            options = {draft[k]: scored.logprobs[n + k]}
+            for tid, lp in scored.top[n + k]:
+                if tid not in options and tid not in seg.fixed and lo + len(tb[tid]) <= hi and data.startswith(tb[tid], lo):
+                    options[tid] = lp
+            if len(options) == 1:
+                continue
+            ranked = sorted(options.items(), key=lambda kv: -kv[1])
+            best, share = ranked[0][0], _share(options[draft[k]], options.values())
+            if best == draft[k] and share >= flag:
+                confidence *= share
+                continue
+            contenders = [tid for tid, lp in ranked if lp >= ranked[0][1] - margin]
+            if draft[k] not in contenders:
+                contenders.append(draft[k])
+            if lookahead and len(contenders) > 1:
+                drafts = [draft]
+                for tid in contenders:
+                    for d in _cuts(seg, draft, k, tid, rejoins) if tid != draft[k] else ():
+                        if d not in drafts:
+                            drafts.append(d)
+                # every contender rejoins the draft's cut by the end of the longest contender's refill
+                rejoin = max(_offsets(tb, d)[k + 1 + _refill_len(seg, draft, k, d)] for d in drafts)
+                j = _boundary_index(seg, draft, rejoin)
+                end_bytes = offs[min(j + window, len(draft))]
+                ends = [_boundary_index(seg, d, end_bytes) for d in drafts]
+                results = scorer([list(prompt) + d[:e] for d, e in zip(drafts, ends)], temperature)
+                calls += 1
+                totals = [sum(r.logprobs[n + k : n + e]) for r, e in zip(results, ends)]
+                top = max(range(len(drafts)), key=totals.__getitem__)
+                # a token's score: its best draft's (the choice reported is of the token at k)
+                per_token: dict[int, float] = {}
+                for d, total in zip(drafts, totals):
+                    per_token[d[k]] = max(per_token.get(d[k], -math.inf), total)
+                ranked = sorted(per_token.items(), key=lambda kv: -kv[1])
+                best = drafts[top][k]
+                share = _share(totals[top], per_token.values())
+            elif not lookahead:
+                share = _share(options[best], options.values())
+            confidence *= share
+            if share < CHOICE_SHARE or best != draft[k]:
+                choices.append(Choice(k, offs[k], ranked, best, share))
+            if best != draft[k]:
+                draft = drafts[top] if lookahead and len(contenders) > 1 else _cut(seg, draft, k, best)
+                cut, scored = k, None
+                break
+        if cut is None:
+            break
+        start = cut + 1
+    if b"".join(tb[i] for i in draft) != data:
+        raise AssertionError("recovery changed the bytes")  # a bug, never the input's fault
+    return draft, confidence, choices, calls
+
+
+def _refill_len(seg: Segmenter, old: Sequence[int], k: int, new: Sequence[int]) -> int:
+    """How many tokens after position ``k`` the cut ``new`` differs from ``old`` (its refill)."""
+    if new is old:
+        return 0
+    tail = 0
+    while tail < min(len(old), len(new)) - k - 1 and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    return len(new) - k - 1 - tail
+
+
+def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, temperature: float | None = None,
+            lookahead: bool = True, progress: bool | None = None) -> Iterator[Recovery]:
+    """Recover each record's sampled ids from its text (its response, or the API view of its
+    output_ids): the canonical encode, then the search above. ``temperature``: score at this
+    temperature; None takes the record's ``meta["temperature"]`` where the scorer can apply it,
+    else 1. Records without ``prompt_ids`` get an error (the model needs the context); every
+    record gets a result, in order."""
+    from tqdm.auto import tqdm
+
+    seg = Segmenter(bound.tok)
+    views = [view_of(r, bound) for r in records]
+    canon = reconstruct_batch(views, bound, "concat")
+    for rec, rc in tqdm(list(zip(records, canon)), desc="recover", unit="sample", disable=None if progress is None else not progress):
+        truth = rec.output_ids
+        base = Recovery(rec.id, rec.dataset, None, rc.ids, None,
+                        canonical_exact=None if truth is None or rc.ids is None else rc.ids == truth)
+        if rc.ids is None:
+            base.error = f"no canonical encoding: {rc.error}"
+        elif rec.prompt_ids is None:
+            base.error = "field prompt_ids: recovery scores the output in its context and needs the prompt ids"
+        if base.error:
+            yield base
+            continue
+        temp = temperature
+        if temp is None:
+            meta_t = rec.meta.get("temperature") if isinstance(rec.meta, dict) else None
+            temp = float(meta_t) if scorer.tempered and isinstance(meta_t, (int, float)) and meta_t > 0 else 1.0
+        ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, temperature=temp, lookahead=lookahead)
+        base.ids, base.confidence, base.choices, base.passes = ids, conf, choices, passes
+        base.exact = None if truth is None else ids == truth
+        yield base
+
+
+def summarize(results: Sequence[Recovery]) -> dict:
+    """Counts for the summary line and the notebook: how often the canonical encode was wrong,
+    how many of those recovery fixed, how many exact samples it broke."""
+    judged = [r for r in results if r.exact is not None]
+    wrong = [r for r in judged if not r.canonical_exact]
+    right = [r for r in judged if r.canonical_exact]
+    return {
+        "samples": len(results), "errors": sum(r.error is not None for r in results),
+        "changed": sum(r.changed for r in results), "with_truth": len(judged),
+        "canonical_wrong": len(wrong), "recovered": sum(r.exact for r in wrong),
+        "broken": sum(not r.exact for r in right), "exact_after": sum(r.exact for r in judged),
+    }
+
+
+def summary_line(results: Sequence[Recovery], min_confidence: float = 0.9) -> str:
+    s = summarize(results)
+    confident = sum(r.confidence is not None and r.confidence >= min_confidence for r in results)
+    line = (f"recovered {s['samples'] - s['errors']} of {s['samples']} samples ({s['errors']} errors): "
+            f"{s['changed']} differ from the canonical encode, {confident} with confidence >= {min_confidence:g}")
+    if s["with_truth"]:
+        fixed = f"{s['recovered']}/{s['canonical_wrong']}" + (f" ({s['recovered'] / s['canonical_wrong']:.1%})" if s["canonical_wrong"] else "")
+        line += (f"; against ground truth: canonical encode wrong for {s['canonical_wrong']} of {s['with_truth']}, "
+                 f"recovered exactly {fixed}, exact samples made wrong {s['broken']}")
+    return line
+
+
+def make_scorer(spec: str, tok: Tokenizer, *, model: str = "smollm2", threads: int | None = None, top_k: int | None = None) -> Scorer:
+    """``local``: the GGUF model in-process (needs torch, the ``generate`` extra); a URL: an
+    OpenAI-compatible server with prompt logprobs. The model must share ``tok``'s vocabulary."""
+    if spec.startswith(("http://", "https://")):
+        return ServerScorer(spec, model=None if model == "smollm2" else model, top_k=top_k or 20)
+    if spec != "local":
+        raise ReconError(f"--scorer {spec!r}: expected 'local' or an http(s) URL of an OpenAI-compatible server")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ReconError("recovery with the local model needs torch, the 'generate' extra: "
+                         "pip install -e '.[generate]' (or score with --scorer URL)") from None
+    from .generate import LocalModel
+
+    local = LocalModel(model, threads=threads)
+    if local.tokenizer.token_bytes != tok.token_bytes:
+        raise ReconError(f"--model {model}: its vocabulary is not the tokenizer's ({tok.name}); recovery needs the model that sampled")
+    return LocalScorer(local, top_k=top_k or 64)
