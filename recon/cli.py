@@ -394,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, help="alternatives per position the scorer reports (default: local 64, server 20)")
     p.add_argument("--temperature", type=float,
                    help="score at this temperature (default: the record's meta temperature for the local scorer, else 1)")
-    p.add_argument("--lookahead", action="store_true", help="decide each cut by scoring whole drafts (slower)")
+    p.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                   help="decide each cut by the token's own probability, not a window of the drafts after it (faster, worse)")
     p.add_argument("--min-confidence", type=float, default=0.9, metavar="P", help="confidence counted in the summary line")
     p.add_argument("--out", required=True, help="the records with meta.recover added (JSONL)")
     p.set_defaults(func=cmd_recover)

@@ -494,7 +494,8 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
     output_ids): the canonical encode, then the search above. ``temperature``: score at this
     temperature; None takes the record's ``meta["temperature"]`` where the scorer can apply it,
     else 1. Records without ``prompt_ids`` get an error (the model needs the context); every
-    record gets a result, in order."""
+    record gets a result, in order. Text holding U+FFFD lost bytes no cut can restore: its
+    confidence is 0."""
     from tqdm.auto import tqdm
 
     seg = Segmenter(bound.tok)
@@ -516,6 +517,8 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
             meta_t = rec.meta.get("temperature") if isinstance(rec.meta, dict) else None
             temp = float(meta_t) if scorer.tempered and isinstance(meta_t, (int, float)) and meta_t > 0 else 1.0
         ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, temperature=temp, lookahead=lookahead)
+        if "\ufffd".encode() in bound.tok.ids_bytes(rc.ids):
+            conf = 0.0  # the text has a replacement character: bytes were lost, no cut can bring them back
         base.ids, base.confidence, base.choices, base.passes = ids, conf, choices, passes
         base.exact = None if truth is None else ids == truth
         yield base
@@ -565,3 +568,52 @@ def make_scorer(spec: str, tok: Tokenizer, *, model: str = "smollm2", threads: i
     if local.tokenizer.token_bytes != tok.token_bytes:
         raise ReconError(f"--model {model}: its vocabulary is not the tokenizer's ({tok.name}); recovery needs the model that sampled")
     return LocalScorer(local, top_k=top_k or 64)
+
+
+# -- tables and plots (pure: they read result rows, no model needed) ----------------------------------------
+def recovery_table(rows, min_confidence: float = 0.9):
+    """Per dataset, from result rows (``benchmarks/recover_accuracy.py``'s or :meth:`Recovery.to_meta`
+    fields plus ``dataset`` and ``non_canonical``): how often the canonical encode was wrong, how
+    many non-canonical samples recovery got back exactly, how many exact samples it made wrong,
+    and how trustworthy its confidence is."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    out = []
+    for name, g in list(frame.groupby("dataset", sort=True)) + ([("all", frame)] if frame["dataset"].nunique() > 1 else []):
+        nc = g[g["non_canonical"]]
+        right = g[g["canonical_exact"]]
+        sure = g[g["confidence"] >= min_confidence]
+        out.append({
+            "dataset": name, "samples": len(g),
+            "canonical wrong": int((~g["canonical_exact"]).sum()),
+            "canonical wrong %": 100 * (~g["canonical_exact"]).mean(),
+            "non-canonical": len(nc),
+            "recovered exactly": int(nc["exact"].sum()),
+            "recovered %": 100 * nc["exact"].mean() if len(nc) else float("nan"),
+            "exact made wrong": int((~right["exact"]).sum()),
+            "exact after %": 100 * g["exact"].mean(),
+            f"conf>={min_confidence:g}": len(sure),
+            f"exact | conf>={min_confidence:g} %": 100 * sure["exact"].mean() if len(sure) else float("nan"),
+        })
+    return pd.DataFrame(out).set_index("dataset").round(1)
+
+
+def recovery_plot_data(table):
+    """What :func:`plot_recovery` draws: exact-sample rate per dataset, canonical encode vs recovered."""
+    import pandas as pd
+
+    return pd.DataFrame({"canonical encode": 100 - table["canonical wrong %"], "recovered": table["exact after %"]})
+
+
+def plot_recovery(table, title: str = "samples whose ids come back exactly"):
+    import matplotlib.pyplot as plt
+
+    data = recovery_plot_data(table)
+    fig, ax = plt.subplots(figsize=(6, 3))
+    data.plot.bar(ax=ax, rot=0)
+    ax.set_ylabel("% of samples")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig

@@ -3,24 +3,42 @@ non-canonical samples, the export policy and the CLI."""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 
 import pytest
 
-from recon.records import read_records
+from recon.audit import audit_records
+from recon.export import Policy, export_rows
+from recon.profiles import load_profile
+from recon.records import read_records, write_records
+from recon.recover import Segmenter, _cuts, recovery_plot_data, recovery_table
 
 from .conftest import ROOT
+from .test_cli import recon
 
 DATA = ROOT / "data"
-
-torch = pytest.importorskip("torch", reason="recovery scores with the local model (the 'generate' extra)")
+#: real bundled non-canonical samples at 0.7 that recovery gets back exactly (and quickly)
+RECOVERED = ["p022-3", "p026-3"]
 
 
 @pytest.fixture(scope="module")
 def model():
+    pytest.importorskip("torch", reason="recovery scores with the local model (the 'generate' extra)")
     from recon.generate import LocalModel
 
-    return LocalModel("smollm2", threads=2)
+    return LocalModel("smollm2", threads=1)  # one thread: two spin against each other on 2 shared cores
+
+
+@pytest.fixture(scope="module")
+def bound(tokenizers):
+    return load_profile("chatml").bind(tokenizers["smollm2"])
+
+
+@pytest.fixture(scope="module")
+def warm():
+    return {r.id: r for r in read_records(DATA / "smollm2-t0.7.jsonl").records}
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +78,159 @@ def test_token_logprobs_at_a_temperature(model, hot):
     assert all(b[0][1] <= a[0][1] + 1e-6 for a, b in zip(t1.top[1:], t13.top[1:]))
     worst = min(range(1, len(seq)), key=lambda i: t1.logprobs[i])
     assert t13.logprobs[worst] > t1.logprobs[worst]
+
+
+def test_segmenter_on_the_real_vocabulary(tokenizers):
+    tok = tokenizers["smollm2"]
+    seg = Segmenter(tok)
+    pieces = [tok.id_to_piece(i) for i in seg.prefixes(b" jets fly", 0, 9)]
+    assert "Ġj" in pieces and "Ġjets" in pieces and "Ġjetsfly" not in pieces
+    assert pieces == sorted(pieces, key=len)
+    assert [tok.id_to_piece(i) for i in seg.fewest(b"ets")] == ["ets"]
+    everything = seg.all(b" jets", limit=20)
+    assert len(everything) > 3 and everything[0] == tok.encode(" jets")
+    assert all(tok.ids_bytes(ids) == b" jets" for ids in everything)
+    assert not any(set(ids) & seg.fixed for ids in everything)
+    # cutting Ġj into the canonical Ġjets, rejoining at each later boundary: same bytes every time
+    ids = tok.encode(" jets fly high")
+    cuts = _cuts(seg, ids, 0, tok.piece_to_id("Ġj"), rejoins=2)
+    assert len(cuts) == 3 and all(tok.ids_bytes(c) == tok.ids_bytes(ids) for c in cuts)
+    assert [tok.id_to_piece(i) for i in cuts[0][:2]] == ["Ġj", "ets"]
+
+
+def test_recovery_gets_real_non_canonical_samples_back(model, bound, warm):
+    from recon.recover import LocalScorer, recover
+
+    tok = bound.tok
+    picked = [warm[i] for i in RECOVERED]
+    results = list(recover(picked, bound, LocalScorer(model), progress=False))
+    seg = Segmenter(tok)
+    for rec, res in zip(picked, results):
+        assert res.error is None and res.canonical_exact is False  # the text does not round-trip
+        assert res.ids == rec.output_ids and res.exact is True and res.changed
+        assert 0.5 < res.confidence <= 1.0
+        first = next(k for k, (a, b) in enumerate(zip(rec.output_ids, res.canonical)) if a != b)
+        assert any(c.position == first and c.chosen == rec.output_ids[first] for c in res.choices)
+        candidates = res.candidate_sequences(seg)
+        assert len(candidates) == res.n_candidates >= 2 and candidates[0] == res.ids
+        assert all(tok.ids_bytes(c) == tok.ids_bytes(rec.output_ids) for c in candidates)
+        meta = res.to_meta()
+        assert (meta["ids"], meta["exact"], meta["canonical_exact"]) == (rec.output_ids, True, False)
+
+
+def test_an_exact_sample_stays_exact_and_a_record_without_prompt_is_reported(model, bound, warm):
+    from recon.recover import LocalScorer, recover
+
+    exact = warm["p001-0"]
+    assert tuple(bound.tok.encode(exact.response.content)) == tuple(exact.output_ids[:-1])
+    no_prompt = read_records(DATA / "smollm2-t0.7.jsonl").records[1]
+    no_prompt.prompt_ids = None
+    res, missing = recover([exact, no_prompt], bound, LocalScorer(model), progress=False)
+    assert res.canonical_exact is True and res.exact is True and not res.changed
+    assert missing.ids is None and "prompt_ids" in missing.error
+
+
+def test_export_policy_recover_keeps_exact_and_confident(bound, warm):
+    records = [warm["p001-0"], warm["p022-3"], warm["p026-3"], warm["p006-1"]]
+    for rec, conf in zip(records[1:], (0.95, 0.5)):
+        rec.meta = {**rec.meta, "recover": {"ids": rec.output_ids, "confidence": conf}}
+    records[3].meta = {k: v for k, v in records[3].meta.items() if k != "recover"}
+    rows = audit_records(records, bound, "concat", keep_ids=True).to_dict("records")
+    assert [r["status"] for r in rows] == ["exact", "mismatch", "mismatch", "mismatch"]
+    out = export_rows(records, rows, "recover")
+    assert [(r["keep"], r["ids_source"]) for r in out] == [
+        (True, "ground_truth"), (True, "recovered"), (False, "ground_truth"), (False, "ground_truth")]
+    assert out[1]["ids"] == records[1].output_ids
+    looser = export_rows(records, rows, Policy("recover", 0.4))
+    assert [r["keep"] for r in looser] == [True, True, True, False]
+    assert [r["keep"] for r in export_rows(records, rows, "exact-only")] == [True, False, False, False]
+
+
+def test_cli_export_with_policy_recover(tmp_path, warm):
+    records = [warm["p001-0"], warm["p022-3"], warm["p026-3"]]
+    records[1].meta = {**records[1].meta, "recover": {"ids": records[1].output_ids, "confidence": 0.97}}
+    records[2].meta = {**records[2].meta, "recover": {"ids": records[2].output_ids, "confidence": 0.2}}
+    write_records(records, tmp_path / "rec.jsonl")
+    run = recon("export", str(tmp_path / "rec.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml", "--method", "concat",
+                "--policy", "recover", "--min-confidence", "0.9", "--workers", "1", "--out", str(tmp_path / "out.jsonl"))
+    assert run.returncode == 0, run.stderr
+    assert "2 kept under policy recover, 1 not" in run.stdout
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(r["keep"], r["ids_source"]) for r in rows] == [(True, "ground_truth"), (True, "recovered"), (False, "ground_truth")]
+    bad = recon("export", str(tmp_path / "rec.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml",
+                "--policy", "recover", "--min-confidence", "2", "--out", str(tmp_path / "x.jsonl"))
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "min confidence 2" in bad.stderr
+
+
+def test_cli_recover_without_torch_is_one_line():
+    import subprocess
+
+    shim = "import sys; sys.modules['torch'] = None; from recon.cli import main; sys.exit(main())"
+    run = subprocess.run([sys.executable, "-c", shim, "recover", str(DATA / "smollm2-t0.7.jsonl"), "--tokenizer", "smollm2",
+                          "--profile", "chatml", "--out", "/dev/null"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.startswith("recon: error: ") and run.stderr.strip().count("\n") == 0
+    assert "'generate' extra" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_cli_recover_writes_meta_and_a_summary(tmp_path, warm, model):
+    write_records([warm["p026-3"], warm["p001-0"]], tmp_path / "two.jsonl")
+    run = recon("recover", str(tmp_path / "two.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml", "--threads", "1",
+                "--out", str(tmp_path / "rec.jsonl"))
+    assert run.returncode == 0, run.stderr
+    assert "canonical encode wrong for 1 of 2, recovered exactly 1/1 (100.0%), exact samples made wrong 0" in run.stdout
+    back = read_records(tmp_path / "rec.jsonl").records
+    assert [r.meta["recover"]["exact"] for r in back] == [True, True]
+    assert back[0].meta["recover"]["ids"] == warm["p026-3"].output_ids and back[0].meta["recover"]["changed"]
+
+
+def test_server_scorer_agrees_with_the_local_model(model, tokenizers):
+    """`recon serve`'s /v1/completions prompt_logprobs (vLLM's shape) through ServerScorer."""
+    pytest.importorskip("openai")
+    from recon.recover import LocalScorer, ServerScorer
+
+    from .test_serve import SERVE_OPTIONS, shared_server
+
+    tok = tokenizers["smollm2"]
+    ids = tok.encode("The capital of France is Paris, a city of light.")
+    remote = ServerScorer(shared_server(*SERVE_OPTIONS), top_k=3)(([ids]))[0]
+    local = LocalScorer(model, top_k=3)([ids])[0]
+    assert remote.logprobs[0] is None and len(remote.logprobs) == len(ids)
+    assert remote.logprobs[1:] == pytest.approx(local.logprobs[1:], abs=2e-3)
+    assert remote.ranks[1:] == local.ranks[1:]
+    assert [t for t, _ in remote.top[4][:3]] == [t for t, _ in local.top[4][:3]]
+
+
+def test_parse_prompt_logprobs_errors():
+    from recon.errors import ReconError
+    from recon.recover import parse_prompt_logprobs
+
+    good = {"choices": [{"prompt_logprobs": [None, {"7": {"logprob": -1.5, "rank": 2, "decoded_token": "x"},
+                                                    "9": {"logprob": -0.5, "rank": 1, "decoded_token": "y"}}]}]}
+    parsed = parse_prompt_logprobs(good, [3, 7])
+    assert parsed.logprobs == [None, -1.5] and parsed.ranks == [None, 2] and parsed.top[1] == [(9, -0.5), (7, -1.5)]
+    with pytest.raises(ReconError, match="prompt_logprobs has 2 entries for 3 prompt ids"):
+        parse_prompt_logprobs(good, [3, 7, 8])
+    with pytest.raises(ReconError, match=r"prompt_logprobs\[1\] does not hold the prompt's token 8"):
+        parse_prompt_logprobs(good, [3, 8])
+    with pytest.raises(ReconError, match="no choices"):
+        parse_prompt_logprobs({"choices": []}, [3])
+
+
+def test_recovery_table_and_plot_data():
+    rows = [
+        {"dataset": "a", "canonical_exact": True, "exact": True, "non_canonical": False, "confidence": 0.99},
+        {"dataset": "a", "canonical_exact": False, "exact": True, "non_canonical": True, "confidence": 0.95},
+        {"dataset": "a", "canonical_exact": False, "exact": False, "non_canonical": True, "confidence": 0.3},
+        {"dataset": "b", "canonical_exact": True, "exact": False, "non_canonical": False, "confidence": 0.92},
+    ]
+    table = recovery_table(rows)
+    assert list(table.index) == ["a", "b", "all"]
+    a = table.loc["a"]
+    assert (a["samples"], a["canonical wrong"], a["non-canonical"], a["recovered exactly"], a["exact made wrong"]) == (3, 2, 2, 1, 0)
+    assert a["recovered %"] == 50.0 and a["exact after %"] == pytest.approx(66.7)
+    assert table.loc["b", "exact made wrong"] == 1 and table.loc["all", "conf>=0.9"] == 3
+    assert table.loc["all", "exact | conf>=0.9 %"] == pytest.approx(66.7)
+    drawn = recovery_plot_data(table)
+    assert drawn.loc["a"].tolist() == pytest.approx([100 / 3, 66.7], abs=0.1)
+    assert drawn.loc["b"].tolist() == [100.0, 0.0]
