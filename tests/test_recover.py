@@ -234,3 +234,34 @@ def test_recovery_table_and_plot_data():
     drawn = recovery_plot_data(table)
     assert drawn.loc["a"].tolist() == pytest.approx([100 / 3, 66.7], abs=0.1)
     assert drawn.loc["b"].tolist() == [100.0, 0.0]
+
+
+def test_bundled_recovery_rows_match_the_held_out_data(tokenizers):
+    """data/recover-heldout.jsonl (benchmarks/recover_accuracy.py, read by notebook 03) covers
+    every held-out sample, and its canonical columns agree with a fresh canonical encode."""
+    import pandas as pd
+
+    tok = tokenizers["smollm2"]
+    rows = pd.read_json(DATA / "recover-heldout.jsonl", lines=True)
+    held = [r for name in ("heldout-t0.7", "heldout-t1.3") for r in read_records(DATA / f"{name}.jsonl").records]
+    assert len(rows) == len(held) == 320 and list(rows["id"]) == [r.id for r in held]
+    for rec, row in zip(held, rows.itertuples()):
+        canonical = tok.encode(rec.response.content) + ([2] if rec.response.finish_reason == "stop" else [])
+        assert row.canonical_exact == (canonical == rec.output_ids)
+        assert row.non_canonical == (canonical != rec.output_ids and tok.ids_bytes(canonical) == tok.ids_bytes(rec.output_ids))
+        assert row.exact or not row.canonical_exact  # recovery never made an exact sample wrong
+    table = recovery_table(rows)
+    assert table.loc["heldout-t0.7", "non-canonical"] == 6 and table.loc["heldout-t0.7", "recovered exactly"] == 5
+    assert table.loc["all", "exact made wrong"] == 0
+
+
+def test_recovery_reproduces_held_out_rows(model, bound):
+    from recon.recover import LocalScorer, recover
+
+    rows = {r["id"]: r for r in map(json.loads, (DATA / "recover-heldout.jsonl").read_text().splitlines())
+            if r["dataset"] == "heldout-t0.7"}
+    picked = [r for r in read_records(DATA / "heldout-t0.7.jsonl").records if r.id in ("p006-3", "p029-1")]
+    for rec, res in zip(picked, recover(picked, bound, LocalScorer(model), progress=False)):
+        row = rows[rec.id]
+        assert (res.exact, res.canonical_exact) == (row["exact"], row["canonical_exact"])
+        assert res.confidence == pytest.approx(row["confidence"], abs=1e-3)
