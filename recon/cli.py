@@ -269,7 +269,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .engine import audit_files
-
     from .export import Policy
 
     run = audit_files(
