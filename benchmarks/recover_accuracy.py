@@ -4,6 +4,7 @@
     python benchmarks/recover_accuracy.py --shard 0/2 &        # or in parallel shards ...
     python benchmarks/recover_accuracy.py --shard 1/2
     python benchmarks/recover_accuracy.py --report             # ... and report from their rows
+                                                               # (no shards: from the bundled rows)
 
 Input: ``data/heldout-t0.7.jsonl`` and ``data/heldout-t1.3.jsonl`` (made by ``recon generate``
 with seed 11, not the bundled seed-0 samples; see data/README.md). Only the API view is used
@@ -98,6 +99,14 @@ def main() -> None:
             print(f"wrote {part}; run --report when every shard is done")
             return
     parts = sorted(DATA.glob(".recover-shard-*.jsonl"))
+    if not parts and ROWS.is_file():  # no fresh shards: report from the bundled rows
+        from recon.recover import recovery_table
+        import pandas as pd
+
+        frame = pd.read_json(ROWS, lines=True)
+        print(recovery_table(frame).to_string())
+        print(f"\nrows: {ROWS.relative_to(ROOT)} (bundled; run without --report to recover again)")
+        return
     if not parts:
         sys.exit("no shard rows in data/; run without --report first")
     report(parts)
