@@ -23,7 +23,7 @@ from .audit import arrow_schema, audit_rows
 from .errors import ReconError
 from .export import Policy, TableWriter, check_policy, export_rows
 from .export import arrow_schema as export_schema
-from .io import RecordError
+from .io import RecordError, bad_record_count
 from .profiles import BoundProfile, ParseOptions, load_profile
 from .records import Record, iter_records
 from .stats import Tally
@@ -117,7 +117,8 @@ def audit_files(paths: Sequence[str | Path], *, tokenizer: str, profile: str, fa
     run = audit_stream(chunks, tokenizer=tokenizer, profile=profile, family=family, **kw)
     run.errors = errors
     if not run.summary["samples"]:
-        raise ReconError(f"no usable records in {', '.join(map(str, paths))} ({len(errors)} bad)")
+        first = f"; first: {errors[0]}" if errors else ""
+        raise ReconError(f"no usable records in {', '.join(map(str, paths))} ({bad_record_count(errors)} bad{first})")
     return run
 
 

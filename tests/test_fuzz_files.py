@@ -453,7 +453,8 @@ def test_all_bad_file_exits_2_without_traceback(tmp_path):
     path = _write(tmp_path / "bad.jsonl", [b"{", b'{"id": 5.5}', b"\xff"])
     for args, needle in [
         (["validate", str(path)], f"{path}, line 3: not valid UTF-8"),
-        (["audit", str(path), "--tokenizer", "smollm2", "--profile", "chatml", "--workers", "1"], "no usable records"),
+        (["audit", str(path), "--tokenizer", "smollm2", "--profile", "chatml", "--workers", "1"],
+         f"no usable records in {path} (3 bad; first: {path}, line 1: not valid JSON"),
         (["export", str(path), "--tokenizer", "smollm2", "--profile", "chatml", "--out", str(tmp_path / "e.parquet")],
          "no usable records"),
     ]:
