@@ -373,17 +373,26 @@ def read_records(paths: Iterable[str | Path] | str | Path, *, vocab_size: int | 
 
 def write_records(records: Iterable[Record], path: str | Path, extras: Iterable[dict] | None = None) -> int:
     """Write records as JSONL (gzipped if the name ends in .gz); returns how many.
-    ``extras``, one dict per record, adds top-level fields (e.g. ``recon_ids``)."""
+    ``extras``, one dict per record, adds top-level fields (e.g. ``recon_ids``).
+
+    Records are often produced lazily (a model sampling, a server answering), so the file is
+    written beside ``path`` and moved into place only when every record is in: a run that fails
+    half-way leaves no half-written (or empty) file that looks like a result."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.suffix == ".gz" else open
+    partial = path.with_name(path.name + ".partial")
     n = 0
     extra_iter = iter(extras) if extras is not None else None
-    with opener(path, "wt", encoding="utf-8") as f:
-        for rec in records:
-            obj = rec.to_dict()
-            if extra_iter is not None:
-                obj.update(next(extra_iter))
-            f.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
-            n += 1
+    try:
+        with opener(partial, "wt", encoding="utf-8") as f:
+            for rec in records:
+                obj = rec.to_dict()
+                if extra_iter is not None:
+                    obj.update(next(extra_iter))
+                f.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
+                n += 1
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
     return n

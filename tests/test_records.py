@@ -7,10 +7,14 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from recon.records import Record, iter_records, read_records, write_records
 
+from .conftest import ROOT
 from .test_cli import recon
+
+DATA_FILE = ROOT / "data" / "smollm2-t0.7.jsonl"
 
 
 def _good(tok, rid: str, text: str) -> dict:
@@ -124,3 +128,21 @@ def test_seen_ids_stay_exact_across_flushes():
     assert not any(seen.add("d", str(k)) for k in range(0, 5000, 7))
     assert seen.add("other", "0") and not seen.add("other", "0")
     assert len(seen._sorted) == 5000 and (seen._sorted[1:] > seen._sorted[:-1]).all()  # merged, sorted, no key lost
+
+
+def test_write_records_leaves_nothing_half_written(tmp_path):
+    good = read_records(DATA_FILE).records[:3]
+
+    def failing():
+        yield from good
+        raise RuntimeError("the model stopped")
+
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError):
+        write_records(failing(), out)
+    assert list(tmp_path.iterdir()) == []  # neither an empty result nor a .partial file
+    out.write_text("earlier result\n")
+    with pytest.raises(RuntimeError):
+        write_records(failing(), out)
+    assert out.read_text() == "earlier result\n"  # a failed run keeps what was there
+    assert write_records(good, out) == 3 and len(read_records(out).records) == 3
