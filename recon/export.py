@@ -50,10 +50,12 @@ def _policy(policy: "str | Policy") -> Policy:
 def _recovered(rec: Record, min_confidence: float) -> list[int] | None:
     """The record's recovered ids when ``recon recover`` was confident enough about them."""
     found = rec.meta.get("recover") if isinstance(rec.meta, dict) else None
-    if not isinstance(found, dict) or not isinstance(found.get("ids"), list):
+    ids = found.get("ids") if isinstance(found, dict) else None
+    # meta comes from a file like any other field: only a list of ids and a numeric confidence count
+    if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
         return None
     conf = found.get("confidence")
-    return list(found["ids"]) if isinstance(conf, (int, float)) and conf >= min_confidence else None
+    return list(ids) if type(conf) in (int, float) and conf >= min_confidence else None
 
 
 COLUMNS = ["id", "dataset", "ids", "ids_source", "status", "cause", "causes", "keep"]

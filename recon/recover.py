@@ -42,8 +42,6 @@ from .reconstruct import reconstruct_batch, view_of
 from .records import Record
 from .tokenizer import Tokenizer
 
-#: with lookahead, a position is worth scoring whole drafts for when the alternatives hold this share
-MIN_SHARE = 1e-3
 #: positions where the chosen token holds less than this share are reported as choices
 CHOICE_SHARE = 0.99
 #: bytes a re-cut may span (from the cut to where it rejoins the draft)
@@ -261,29 +259,6 @@ class Segmenter:
             i -= length
         return out[::-1]
 
-    def all(self, data: bytes, limit: int = 64, max_tokens: int = 6) -> list[list[int]]:
-        """Up to ``limit`` segmentations of ``data`` (at most ``max_tokens`` tokens), fewest tokens first."""
-        found: list[list[int]] = []
-
-        def walk(i: int, acc: list[int]) -> None:
-            if i == len(data):
-                found.append(list(acc))
-                return
-            if len(acc) >= max_tokens:
-                return
-            for length in range(min(self.max_len, len(data) - i), 0, -1):
-                tid = self.ordinary.get(data[i : i + length])
-                if tid is not None:
-                    acc.append(tid)
-                    walk(i + length, acc)
-                    acc.pop()
-                    if len(found) >= limit * 8:
-                        return
-
-        walk(0, [])
-        found.sort(key=len)
-        return found[:limit]
-
 
 # -- results ---------------------------------------------------------------------------------------------
 @dataclass
@@ -355,11 +330,7 @@ def _offsets(token_bytes: Sequence[bytes], ids: Sequence[int]) -> list[int]:
 def _cut(seg: Segmenter, ids: Sequence[int], k: int, tid: int) -> list[int]:
     """``ids`` with token ``tid`` at position ``k``: bytes from its end up to the next boundary of
     ``ids`` refilled with the fewest tokens, the rest of ``ids`` unchanged. Same bytes throughout."""
-    offs = _offsets(seg.token_bytes, ids)
-    end = offs[k] + len(seg.token_bytes[tid])
-    j = next(j for j in range(k + 1, len(offs)) if offs[j] >= end)
-    data = b"".join(seg.token_bytes[i] for i in ids[k:j])
-    return list(ids[:k]) + [tid] + (seg.fewest(data[end - offs[k] :]) if offs[j] > end else []) + list(ids[j:])
+    return _cuts(seg, ids, k, tid, rejoins=0)[0]
 
 
 def _cuts(seg: Segmenter, ids: Sequence[int], k: int, tid: int, rejoins: int) -> list[list[int]]:

@@ -87,10 +87,8 @@ def test_segmenter_on_the_real_vocabulary(tokenizers):
     assert "Ġj" in pieces and "Ġjets" in pieces and "Ġjetsfly" not in pieces
     assert pieces == sorted(pieces, key=len)
     assert [tok.id_to_piece(i) for i in seg.fewest(b"ets")] == ["ets"]
-    everything = seg.all(b" jets", limit=20)
-    assert len(everything) > 3 and everything[0] == tok.encode(" jets")
-    assert all(tok.ids_bytes(ids) == b" jets" for ids in everything)
-    assert not any(set(ids) & seg.fixed for ids in everything)
+    special = "<|im_end|>".encode()  # a special token's text: spelled by ordinary tokens, never by the special id
+    assert seg.prefixes(special, 0, len(special)) and not set(seg.prefixes(special, 0, len(special))) & seg.fixed
     # cutting Ġj into the canonical Ġjets, rejoining at each later boundary: same bytes every time
     ids = tok.encode(" jets fly high")
     cuts = _cuts(seg, ids, 0, tok.piece_to_id("Ġj"), rejoins=2)
@@ -144,6 +142,10 @@ def test_export_policy_recover_keeps_exact_and_confident(bound, warm):
     looser = export_rows(records, rows, Policy("recover", 0.4))
     assert [r["keep"] for r in looser] == [True, True, True, False]
     assert [r["keep"] for r in export_rows(records, rows, "exact-only")] == [True, False, False, False]
+    for bad in ({"ids": ["12", 7], "confidence": 1.0}, {"ids": [-1], "confidence": 1.0},
+                {"ids": records[3].output_ids, "confidence": "1"}, {"ids": records[3].output_ids, "confidence": True}):
+        records[3].meta = {**records[3].meta, "recover": bad}  # meta is file data: malformed recovery is not kept
+        assert export_rows(records, rows, "recover")[3]["keep"] is False
 
 
 def test_cli_export_with_policy_recover(tmp_path, warm):
