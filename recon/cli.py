@@ -317,11 +317,17 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker processes on this machine (default: one per core; 1 = in this process)")
 
 
-def _add_audit_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", nargs="+", help="sample files (JSONL, .jsonl.gz, Parquet)")
-    p.add_argument("--tokenizer", required=True, help="tokenizer spec")
+def _add_data_arguments(p: argparse.ArgumentParser, data: str = "sample files (JSONL, .jsonl.gz, Parquet)",
+                        tokenizer: str = "tokenizer spec") -> None:
+    """The sample files, and the tokenizer and profile to read them with (every command over records)."""
+    p.add_argument("data", nargs="+", help=data)
+    p.add_argument("--tokenizer", required=True, help=tokenizer)
     p.add_argument("--family", help="pre-tokenizer family for a tiktoken ranks file")
     p.add_argument("--profile", required=True, help="kimi-k2, deepseek, qwen3, chatml, or a YAML file")
+
+
+def _add_audit_arguments(p: argparse.ArgumentParser) -> None:
+    _add_data_arguments(p)
     p.add_argument("--method", default="auto", choices=["concat", "segments", "logprobs", "auto"])
     p.add_argument("--mode", default="auto", choices=["auto", "roundtrip", "paired", "reconstruct-only"],
                    help="auto: paired when a record has output_ids and a response, roundtrip with ids only")
@@ -353,10 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("reconstruct", help="API text back to token ids (adds recon_ids to each record)")
-    p.add_argument("data", nargs="+", help="sample files")
-    p.add_argument("--tokenizer", required=True, help="tokenizer spec")
-    p.add_argument("--family", help="pre-tokenizer family for a tiktoken ranks file")
-    p.add_argument("--profile", required=True, help="kimi-k2, deepseek, qwen3, chatml, or a YAML file")
+    _add_data_arguments(p)
     p.add_argument("--method", default="auto", choices=["concat", "segments", "logprobs", "auto"])
     p.add_argument("--out", required=True)
     _add_parse_options(p)
@@ -381,10 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("recover", help="the ids a model most likely sampled for text that doesn't round-trip (needs a scorer)")
-    p.add_argument("data", nargs="+", help="sample files (records need prompt_ids)")
-    p.add_argument("--tokenizer", required=True, help="tokenizer spec (the scoring model's vocabulary)")
-    p.add_argument("--family", help="pre-tokenizer family for a tiktoken ranks file")
-    p.add_argument("--profile", required=True, help="kimi-k2, deepseek, qwen3, chatml, or a YAML file")
+    _add_data_arguments(p, "sample files (records need prompt_ids)", "tokenizer spec (the scoring model's vocabulary)")
     p.add_argument("--scorer", default="local",
                    help="local (the GGUF model in-process, the 'generate' extra) or an OpenAI-compatible server URL "
                         "with vLLM-style prompt_logprobs, e.g. http://127.0.0.1:8000/v1")
