@@ -25,6 +25,7 @@ from typing import Sequence
 
 from .bytelevel import bytes_to_piece, piece_to_bytes
 from .families import FAMILIES, TiktokenFamily
+from .pretokenize import for_huggingface, for_tiktoken
 from .wordcache import WordCache
 
 
@@ -187,6 +188,7 @@ class HFTokenizer(Tokenizer):
         super().__init__(**kw)
         self._core = core
         self._plain_core = None  # a copy that encodes special-token text as plain text
+        self._bare_core = None  # the BPE model alone (see _bpe_batch)
         decoder = core.decoder.__class__.__name__ if core.decoder is not None else ""
         self._byte_level = decoder == "ByteLevel"
         self._sentencepiece = decoder in ("Sequence", "Metaspace", "ByteFallback")
@@ -225,7 +227,21 @@ class HFTokenizer(Tokenizer):
                 bail.append(t.content)
             else:
                 passes[t.normalized][t.content] = token_id
-        return WordCache(lambda texts: self._encode_batch(texts, allow_special), self.token_lengths, passes, bail)
+        cut = for_huggingface(self._core)
+        return WordCache(lambda texts: self._encode_batch(texts, allow_special), self.token_lengths, passes, bail,
+                         cut=cut, encode_pieces=self._bpe_batch if cut is not None else None)
+
+    def _bpe_batch(self, pieces: list[str]) -> list[list[int]]:
+        """The BPE model alone on each piece (no normalizer, pre-tokenizer or added tokens): what
+        the native encoder runs on each pre-token."""
+        if self._bare_core is None:
+            from tokenizers import Tokenizer as Core
+            from tokenizers import pre_tokenizers
+
+            bare = Core(self._core.model)
+            bare.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+            self._bare_core = bare
+        return [e.ids for e in self._bare_core.encode_batch_fast(pieces, add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), skip_special_tokens=False)
@@ -384,7 +400,10 @@ class TiktokenTokenizer(Tokenizer):
         specials = specials if allow_special else {}
         # tiktoken tries specials in no fixed order: a text where one is a prefix of another goes whole
         bail = [a for a in specials if any(b != a and b.startswith(a) for b in specials)]
-        return WordCache(lambda texts: self._encode_slices(texts, allow_special), self.token_lengths, [specials], bail)
+        piece = getattr(self._core, "_encode_single_piece", None)  # the BPE alone on one pre-token
+        cut = for_tiktoken(self.family.pattern) if piece is not None else None
+        return WordCache(lambda texts: self._encode_slices(texts, allow_special), self.token_lengths, [specials], bail,
+                         cut=cut, encode_pieces=(lambda pieces: [piece(p.encode()) for p in pieces]) if cut else None)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), errors="replace")

@@ -15,6 +15,10 @@ at added tokens exactly as the tokenizer extracts them (HF ``tokenizers``: leftm
 non-normalized tokens first; tiktoken: specials, with texts where two could compete sent to
 the real encoder). Whether a tokenizer qualifies is decided by its structure and then checked
 on probe texts against the real encoder; one that does not is encoded the slow way, exactly.
+
+Text of the plain ASCII alphabet is cut finer, into the pre-tokens the tokenizer's own
+pre-tokenizer makes (:mod:`recon.pretokenize`): words glued by line ends and indentation are
+mostly distinct in code, their pre-tokens are not, so data never seen before still hits.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import re
 from itertools import accumulate, chain
 from typing import Callable, Iterable, Mapping, Sequence
+
+from .pretokenize import ALPHABET, Cut, plain
 
 #: Missing words encoded together in one glued text (see WordCache._learn).
 GLUE = 64
@@ -40,6 +46,9 @@ PROBES = (
     "\r\nwindows\r\n line \r\n\r\n ends\r \n",
     "def f(x):\n    return x  # comment\n\n\tif x:\n\t\tpass\n",
     "<think> tags </think> and <|im_end|> look-alikes <|endoftext|> <｜end▁of▁sentence｜>",
+    "x = f(a, b)  # 1234567 12.5e-3 0x1F\n\n    if y:\n        return 'it''s'  \n\t\r\n  \x0b\x0c end",
+    ALPHABET,
+    "".join(a + b for a in ALPHABET[::7] for b in ALPHABET),  # every character after a few others
 )
 
 
@@ -83,7 +92,14 @@ class WordCache:
     tokens extracted before pre-tokenization, content -> id, one mapping per extraction pass, in
     order; ``bail`` holds contents that send a text to the native encoder (tokens whose matching
     the cut can't mirror). When the cache holds more than ``max_words``
-    words after a batch it starts over, so memory stays bounded."""
+    words after a batch it starts over, so memory stays bounded.
+
+    With ``cut`` (the tokenizer's own pre-tokenizer, :mod:`recon.pretokenize`) and
+    ``encode_pieces`` (the BPE model alone, no pre-tokenizer), text of the plain ASCII alphabet
+    is cut into pre-tokens instead of words: far fewer distinct keys in code and data, where a
+    "word" runs on over line ends and indentation. Each pre-token is learned from the BPE model,
+    exactly what the native encoder runs on it. Keys are then of two kinds that can't be
+    confused: a plain key is a pre-token, any other a word."""
 
     def __init__(
         self,
@@ -92,8 +108,12 @@ class WordCache:
         passes: Sequence[Mapping[str, int]] = (),
         bail: Iterable[str] = (),
         max_words: int = 1 << 18,
+        cut: Cut | None = None,
+        encode_pieces: Callable[[list[str]], list[list[int]]] | None = None,
     ):
         self._encode_texts = encode_texts
+        self._cut = cut if encode_pieces is not None else None
+        self._encode_pieces = encode_pieces
         self._lengths = lengths
         self._passes = [(_alternation(p), {c: [i] for c, i in p.items()}) for p in passes if p]
         self._bail = _alternation(bail)
@@ -103,15 +123,42 @@ class WordCache:
         self.lookups = 0  #: words looked up so far
         self.misses = 0  #: words learned from a native encode
 
-    def _keys(self, text: str) -> list[str]:
-        """The text as cache keys: words, and added tokens' contents (which map to their id)."""
+    def _keys(self, text: str) -> list[str] | None:
+        """The text as cache keys: pre-tokens or words, and added tokens' contents (which map to
+        their id); None where the cut gives up (the text is encoded natively)."""
         segments = [text]
         for pattern, _ in self._passes:
             segments = [s for seg in segments for s in (pattern.split(seg) if seg not in self._tokens else [seg])]
         if len(segments) == 1:
+            return [text] if text in self._tokens else self._words(text)
+        keys: list[str] = []
+        for s in segments:
+            if s in self._tokens:
+                keys.append(s)
+            elif s:
+                words = self._words(s)
+                if words is None:
+                    return None
+                keys += words
+        return keys
+
+    def _words(self, text: str) -> list[str] | None:
+        """Text with no added token in it, cut into keys."""
+        cut = self._cut
+        if cut is None:
             return split_words(text)
-        tokens = self._tokens
-        return list(chain.from_iterable([s] if s in tokens else split_words(s) for s in segments if s))
+        if plain(text):
+            return cut(text)
+        keys: list[str] = []
+        for word in split_words(text):  # words are cut apart at a pre-token boundary: cut each alone
+            if plain(word):
+                pieces = cut(word)
+                if pieces is None:
+                    return None
+                keys += pieces
+            else:
+                keys.append(word)
+        return keys
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         words = self.words
@@ -120,10 +167,10 @@ class WordCache:
         slow: list[int] = []
         pending: list[tuple[int, list[str]]] = []
         for k, text in enumerate(texts):
-            if self._bail is not None and self._bail.search(text):
+            keys = None if self._bail is not None and self._bail.search(text) else self._keys(text)
+            if keys is None:
                 slow.append(k)
                 continue
-            keys = self._keys(text)
             self.lookups += len(keys)
             try:
                 out[k] = list(chain.from_iterable(map(get, keys)))
@@ -143,7 +190,8 @@ class WordCache:
         return out  # type: ignore[return-value]
 
     def _learn(self, missing: list[str]) -> None:
-        """Encode the words natively and cache them.
+        """Encode the keys natively and cache them: pre-tokens through the BPE model, in one batch;
+        words through the whole encoder.
 
         A word that starts with a space and ends with a character that is not whitespace (most
         of them) can follow another such word without changing either's encoding: that is the
@@ -151,6 +199,12 @@ class WordCache:
         and cut back apart at their byte boundaries; one input per word would cost more in
         per-input overhead than in BPE. A glued text that holds an added token's content, or
         whose ids don't cut at its words' boundaries, is encoded word by word instead."""
+        self.misses += len(missing)
+        if self._cut is not None:
+            pieces = [w for w in missing if plain(w)]
+            if pieces:
+                self.words.update(zip(pieces, self._encode_pieces(pieces)))
+                missing = [w for w in missing if not plain(w)]
         glueable: list[str] = []
         alone: list[str] = []
         for w in missing:
@@ -164,14 +218,13 @@ class WordCache:
                 group.clear()
         encoded = self._encode_texts([t for g, t in zip(groups, texts) if g] + alone)
         for group, ids in zip([g for g in groups if g], encoded):
-            shares = self._cut(group, ids)
+            shares = self._cut_ids(group, ids)
             if shares is None:  # not cut where the words meet: learn them one by one
                 shares = list(zip(group, self._encode_texts(group)))
             self.words.update(shares)
         self.words.update(zip(alone, encoded[len(encoded) - len(alone):]))
-        self.misses += len(missing)
 
-    def _cut(self, words: list[str], ids: list[int]) -> list[tuple[str, list[int]]] | None:
+    def _cut_ids(self, words: list[str], ids: list[int]) -> list[tuple[str, list[int]]] | None:
         """``ids`` (the encoding of ``words`` joined) cut into each word's share, or None if a word
         boundary falls inside a token."""
         token_at = dict(zip(accumulate(map(self._lengths.__getitem__, ids)), range(1, len(ids) + 1)))
@@ -185,7 +238,7 @@ class WordCache:
         another order as the native encoder does, from words it learned in other texts."""
         tails = [t[i:] for t in texts for i in (len(t) // 3, len(t) // 2)]
         self.encode_batch(list(texts) + tails)  # learn
-        words = [w for t in texts for w in self._keys(t)]
+        words = [w for t in texts for w in (self._keys(t) or [t])]
         shuffled = ["".join(words[i::k]) for k in (3, 5, 7) for i in range(k)]  # words next to new neighbours
         probes = list(texts) + tails + shuffled
         self.encode_batch(shuffled)  # learn what the new neighbours' own words are, if any are new

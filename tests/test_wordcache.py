@@ -107,7 +107,7 @@ def test_glued_words_are_cut_back_at_their_byte_boundaries(tokenizers):
     tok = tokenizers["smollm2"]
     cache = WordCache(lambda t: tok._encode_batch(t, True), tok.token_lengths)
     words = [" naïve", " 🤖", " café,", " 2026"]
-    shares = cache._cut(words, tok.encode("".join(words)))
+    shares = cache._cut_ids(words, tok.encode("".join(words)))
     assert shares == [(w, tok.encode(w)) for w in words]
     assert tok.encode(" abc") == [43239]  # one token across where " ab" and "c" would meet:
     assert cache._cut([" ab", "c"], tok.encode(" abc")) is None  # not a cut, so nothing is learned from it
