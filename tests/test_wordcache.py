@@ -110,4 +110,4 @@ def test_glued_words_are_cut_back_at_their_byte_boundaries(tokenizers):
     shares = cache._cut_ids(words, tok.encode("".join(words)))
     assert shares == [(w, tok.encode(w)) for w in words]
     assert tok.encode(" abc") == [43239]  # one token across where " ab" and "c" would meet:
-    assert cache._cut([" ab", "c"], tok.encode(" abc")) is None  # not a cut, so nothing is learned from it
+    assert cache._cut_ids([" ab", "c"], tok.encode(" abc")) is None  # not a cut, so nothing is learned from it
