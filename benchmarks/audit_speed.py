@@ -13,8 +13,21 @@ Prints samples/s, MB/s (of decoded text) and the ratios (a)/(c) and (c)/(b); the
 memory of `recon audit` (end to end, from a file) on 10k and on 1M samples, and their ratio.
 Targets (issue 6): (c)/(b) <= 1.3, (a)/(c) >= 3, peak(1M)/peak(10k) <= 1.2.
 
-    python benchmarks/audit_speed.py                      # 100k samples, memory at 10k and 1M
+The bundled samples repeat, so caches warm up. The cold row (issue 13, --cold N) instead writes N
+distinct records cut from real text on this machine (benchmarks/cold_data.py: the standard
+library's *.py and licence texts, one record in seven made non-canonical) to a file, and on it:
+
+  (b) floor  — in a subprocess with TOKENIZERS_PARALLELISM=true (the native core on every core):
+               one batched decode plus one batched encode, loading and reading the ids untimed;
+  (a) naive  — the naive loop on the first 2,000 records, scaled to N;
+  (c) recon  — the whole `recon audit FILE --tokenizer smollm2 --profile chatml --json` process,
+               from launch to exit, with its peak memory; its `exact` must equal the floor's.
+
+Targets (issue 13): (c)/(b) <= 0.5, peak(1M)/peak(10k) <= 1.2 on cold data (--cold-memory).
+
+    python benchmarks/audit_speed.py                      # 100k samples, memory at 10k and 1M; 20k cold
     python benchmarks/audit_speed.py --samples 20000 --memory-samples 10000,100000
+    python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 100000 --cold-memory 10000,1000000
 """
 
 from __future__ import annotations
@@ -137,7 +150,15 @@ def pss_mb(pid: int) -> float:
 
 
 def peak_memory_mb(path: Path, chunk: int, workers: int) -> tuple[float, float, int]:
-    """Peak memory (MB) of `recon audit` on one file, its wall time, and the most processes seen.
+    """Peak memory (MB) of `recon audit` on one file, its wall time, and the most processes seen."""
+    peak, seconds, most, _ = audit_process(path, ["--method", "concat", "--chunk-size", str(chunk),
+                                                  "--workers", str(workers)])
+    return peak, seconds, most
+
+
+def audit_process(path: Path, options: list[str] = ()) -> tuple[float, float, int, str]:
+    """Run `recon audit FILE --tokenizer smollm2 --profile chatml --json [options]`: its peak memory
+    (MB), wall time from launch to exit, the most processes seen, and its standard output.
 
     Memory is the proportional set size (PSS) summed over the command's process tree, sampled
     every 0.05 s: pages forked workers share with their parent count once, a worker's own pages
@@ -145,20 +166,83 @@ def peak_memory_mb(path: Path, chunk: int, workers: int) -> tuple[float, float, 
     import psutil
 
     cmd = [sys.executable, "-m", "recon.cli", "audit", str(path), "--tokenizer", "smollm2", "--profile", "chatml",
-           "--method", "concat", "--chunk-size", str(chunk), "--workers", str(workers), "--json"]
-    start = time.perf_counter()
-    proc = psutil.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
-    peak, most = 0.0, 1
-    while proc.poll() is None:
-        try:
-            tree = [proc.pid, *(p.pid for p in proc.children(recursive=True))]
-        except psutil.NoSuchProcess:
-            break
-        peak, most = max(peak, sum(map(pss_mb, tree))), max(most, len(tree))
-        time.sleep(0.05)
-    if proc.wait() != 0:
-        raise SystemExit(f"recon audit failed on {path}")
-    return peak, time.perf_counter() - start, most
+           "--json", *options]
+    with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: nothing blocks while we only sample memory
+        start = time.perf_counter()
+        proc = psutil.Popen(cmd, cwd=ROOT, stdout=out)
+        peak, most = 0.0, 1
+        while proc.poll() is None:
+            try:
+                tree = [proc.pid, *(p.pid for p in proc.children(recursive=True))]
+            except psutil.NoSuchProcess:
+                break
+            peak, most = max(peak, sum(map(pss_mb, tree))), max(most, len(tree))
+            time.sleep(0.05)
+        code = proc.wait()
+        seconds = time.perf_counter() - start
+        if code != 0:
+            raise SystemExit(f"recon audit failed on {path}")
+        out.seek(0)
+        return peak, seconds, most, out.read()
+
+
+def cold(n: int, options: list[str], head: int = 2000) -> dict:
+    """The cold row on ``n`` distinct records in one file: floor (in a subprocess), naive loop (on
+    the first ``head`` records, scaled) and the whole `recon audit` process, plus the exact counts."""
+    from cold_data import write_cold
+    from transformers import PreTrainedTokenizerFast
+
+    from recon import load_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"cold-{n}.jsonl"
+        odd = write_cold(path, n)
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "true"}
+        run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cold_data.py"), "floor", str(path)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+        floor = json.loads(run.stdout)
+
+        with open(path) as f:
+            ids = [json.loads(line)["output_ids"] for _, line in zip(range(head), f)]
+        naive_tok = PreTrainedTokenizerFast(tokenizer_object=load_tokenizer("smollm2").core)  # its own cold cache
+
+        def naive():
+            return sum(naive_tok.encode(naive_tok.decode(sample), add_special_tokens=False) == sample for sample in ids)
+
+        naive_s, naive_exact = timed(naive)
+        peak, recon_s, most, out = audit_process(path, options)
+    summary = json.loads(out)
+    return {"samples": n, "odd": odd, "floor": floor, "head": len(ids), "naive_s": naive_s * n / len(ids),
+            "naive_exact": naive_exact, "recon_s": recon_s, "peak": peak, "most": most, "summary": summary}
+
+
+def print_cold(r: dict) -> None:
+    n, floor, summary, odd = r["samples"], r["floor"], r["summary"], r["odd"]
+    print(f"
+cold: {n} distinct records (standard library *.py and licence texts), {floor['text_mb']:.1f} MB of text, "
+          f"{len(odd)} with a non-canonical split")
+    print(f"{'':40} {'seconds':>9} {'samples/s':>11} {'MB/s':>7}")
+    rows = [(f"(a) naive loop (first {r['head']}, x{n / r['head']:.4g})", r["naive_s"]),
+            ("(b) floor, native, TOKENIZERS_PARALLELISM", floor["seconds"]),
+            ("(c) recon audit, whole process", r["recon_s"])]
+    for name, t in rows:
+        print(f"{name:40} {t:9.2f} {n / t:11.0f} {floor['text_mb'] / t:7.1f}")
+    print("(b) times decode + encode only (loading the tokenizer and reading the ids untimed); "
+          "(c) is launch to exit of `recon audit FILE --tokenizer smollm2 --profile chatml --json`")
+    c_b, a_c = r["recon_s"] / floor["seconds"], r["naive_s"] / r["recon_s"]
+    print(f"(c)/(b) recon/floor = {c_b:.2f}   target <= 0.5  {'MET' if c_b <= 0.5 else 'NOT MET'}")
+    print(f"(a)/(c) naive/recon = {a_c:.2f}")
+    print(f"recon audit peak {r['peak']:.1f} MB in {r['most']} processes")
+
+    expected = set(odd)
+    surprises = sorted(expected.symmetric_difference(floor["mismatched"]))
+    print(f"exact: floor {floor['exact']}, recon audit {summary['exact']}, naive {r['naive_exact']} of the first "
+          f"{r['head']}; mismatches: {summary['by_cause']}")
+    if surprises:  # a canonical record that does not round-trip, or a non-canonical one that does
+        print(f"UNEXPECTED: {len(surprises)} records where the floor disagrees with the generator: {surprises[:20]}")
+    assert summary["exact"] == floor["exact"], (summary["exact"], floor["exact"])
+    head_exact = r["head"] - sum(k < r["head"] for k in floor["mismatched"])
+    assert r["naive_exact"] == head_exact, (r["naive_exact"], head_exact)  # the naive loop counts what the floor counts
 
 
 def main() -> None:

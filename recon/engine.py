@@ -25,7 +25,7 @@ from .export import Policy, TableWriter, check_policy, export_rows
 from .export import arrow_schema as export_schema
 from .io import RecordError, bad_record_count
 from .profiles import BoundProfile, ParseOptions, load_profile
-from .records import Record, iter_records
+from .records import Record, SeenIds, duplicate_error, iter_raw, parse_raw
 from .stats import Tally
 
 #: Records per chunk: big enough that batch calls dominate, small enough that a worker's
@@ -33,22 +33,36 @@ from .stats import Tally
 DEFAULT_CHUNK = 2_000
 
 
-def iter_chunks(paths: Iterable[str | Path], size: int, *, vocab_size: int | None, errors: list[RecordError]) -> Iterator[list[Record]]:
-    """Records in chunks of ``size``, streamed; bad records are appended to ``errors``."""
-    def good() -> Iterator[Record]:
-        for path in paths:
-            for item in iter_records(path, vocab_size=vocab_size):
-                if isinstance(item, RecordError):
-                    errors.append(item)
-                else:
-                    yield item
-    stream = good()
+@dataclass
+class RawChunk:
+    """Input not parsed yet: (path, line, raw bytes / Parquet row / RecordError) items, parsed and
+    validated by whichever process audits them (:func:`parse_raw`). The reading process only
+    moves bytes: parsing ids into Python ints, and shipping them between processes, cost more
+    than the audit of a cold sample."""
+
+    items: list[tuple[str, int, object]]
+    vocab_size: int | None
+
+    def parse(self) -> tuple[list[Record], list[RecordError]]:
+        records, errors = [], []
+        for path, line, item in self.items:
+            got = parse_raw(path, line, item, vocab_size=self.vocab_size)
+            if isinstance(got, Record):
+                records.append(got)
+            elif got:
+                errors += got
+        return records, errors
+
+
+def iter_raw_chunks(paths: Iterable[str | Path], size: int, *, vocab_size: int | None) -> Iterator[RawChunk]:
+    """The files' lines in chunks of ``size``, unparsed, streamed."""
+    stream = ((str(path), line, item) for path in paths for line, item in iter_raw(path))
     while True:
-        chunk = list(islice(stream, size))
-        if not chunk:
+        items = list(islice(stream, size))
+        if not items:
             return
-        yield chunk
-        del chunk  # one chunk of records alive at a time, not two
+        yield RawChunk(items, vocab_size)
+        del items
 
 
 @lru_cache(maxsize=4)
@@ -65,21 +79,41 @@ def audit_chunk(tokenizer: str, family: str | None, profile: str, method: str, m
     return audit_rows(records, _bound(tokenizer, family, profile), method, mode=mode, options=options, keep_ids=keep_ids)
 
 
-def audit_chunk_counted(args: tuple, output: str | None, records: Sequence[Record]):
-    """One chunk's :class:`Tally`, a table, and its size: what a worker sends back (a few hundred
-    bytes, or columnar rows that unpickle ~100x faster than dicts). ``output``: None (no table),
-    ``"rows"`` (the audit rows), or an export policy (the export rows, :mod:`recon.export`)."""
-    import pyarrow as pa
+@dataclass
+class ChunkResult:
+    """What a worker sends back for one chunk: a few bytes a record, or columnar rows that
+    unpickle ~100x faster than dicts."""
 
-    exporting = output not in (None, "rows")
-    rows = audit_chunk(*args, records, keep_ids=exporting)
-    if output is None:
-        table = None
-    elif exporting:
-        table = pa.Table.from_pylist(export_rows(records, rows, output), schema=export_schema())
+    #: (dataset, status, cause) of each record audited, in order
+    counts: list[tuple[str, str, str | None]]
+    #: the chunk's rows (audit rows or export rows), or None
+    table: object
+    #: the problems of the chunk's bad records (a raw chunk's)
+    errors: list[RecordError]
+    #: (path, line, dataset, id) of each record audited, for the reader to find duplicate ids (a raw chunk's)
+    keys: list[tuple[str, int, str, str]] | None = None
+
+
+def audit_chunk_counted(args: tuple, output: str | None, chunk: "Sequence[Record] | RawChunk") -> ChunkResult:
+    """Audit one chunk (parsing it first if raw). ``output``: None (no table), ``"rows"`` (the
+    audit rows), or an export policy (the export rows, :mod:`recon.export`)."""
+    errors: list[RecordError] = []
+    keys = None
+    if isinstance(chunk, RawChunk):
+        records, errors = chunk.parse()
+        keys = [(*r.origin, r.dataset, r.id) for r in records]
     else:
-        table = pa.Table.from_pylist(rows, schema=arrow_schema())
-    return Tally().add(rows), table, len(rows)
+        records = chunk
+    exporting = output not in (None, "rows")
+    rows = audit_chunk(*args, records, keep_ids=exporting) if records else []
+    table = None
+    if output is not None:
+        import pyarrow as pa
+
+        table = (pa.Table.from_pylist(export_rows(records, rows, output), schema=export_schema()) if exporting
+                 else pa.Table.from_pylist(rows, schema=arrow_schema()))
+    counts = [(r["dataset"], r["status"], r["cause"]) for r in rows]
+    return ChunkResult(counts, table, errors, keys)
 
 
 @dataclass
@@ -112,10 +146,9 @@ def audit_files(paths: Sequence[str | Path], *, tokenizer: str, profile: str, fa
     """Audit every record of ``paths``, streamed in chunks of ``chunk_size``; bad records are
     reported in the run's ``errors`` and the rest go on. Keywords as for :func:`audit_stream`."""
     bound = _bound(tokenizer, family, profile)  # fail fast on a bad spec or profile, before any work
-    errors: list[RecordError] = []
-    chunks = iter_chunks(paths, chunk_size, vocab_size=bound.tok.vocab_size, errors=errors)
+    chunks = iter_raw_chunks(paths, chunk_size, vocab_size=bound.tok.vocab_size)
     run = audit_stream(chunks, tokenizer=tokenizer, profile=profile, family=family, **kw)
-    run.errors = errors
+    errors = run.errors
     if not run.summary["samples"]:
         first = f"; first: {errors[0]}" if errors else ""
         raise ReconError(f"no usable records in {', '.join(map(str, paths))} ({bad_record_count(errors)} bad{first})")
@@ -139,7 +172,8 @@ def audit_stream(
     workers: int | None = None,
     progress: bool | None = None,
 ) -> AuditRun:
-    """Audit chunks of records; write the audit rows to ``rows_path`` (Parquet), or the
+    """Audit chunks of records (or :class:`RawChunk` s, parsed where they are audited, their bad
+    records in the run's ``errors``, duplicate ids too); write the audit rows to ``rows_path`` (Parquet), or the
     training-ready export under ``policy`` (a name, or a :class:`~recon.export.Policy` with its
     setting, e.g. ``recover``'s least confidence) to ``export_path`` (Parquet or JSONL), in input order.
 
@@ -166,15 +200,18 @@ def audit_stream(
     if own_client:
         client = _dask_client(dask)
     args = (tokenizer, family, profile, method, mode, options)
+    errors: list[RecordError] = []
+    seen: dict[str, SeenIds] = {}
     try:
-        for counted, table, n in _chunks_audited(iter(chunks), args, output, client, workers):
-            tally.merge(counted)
+        for result in _chunks_audited(iter(chunks), args, output, client, workers):
+            counts, table = _drop_duplicates(result, seen, errors)
+            tally.add_counts(counts)
             if writer is not None:
                 writer.write(table)
                 if export_path is not None:
                     kept += pc.sum(table["keep"]).as_py() or 0
-            bar.update(n)
-            del table
+            bar.update(len(counts))
+            del table, result
     finally:
         bar.close()
         if writer is not None:
@@ -184,8 +221,28 @@ def audit_stream(
             client.close()
             if cluster is not None:
                 cluster.close()
-    return AuditRun(tally.summary(), [], writer.path if writer is not None else None,
+    return AuditRun(tally.summary(), errors, writer.path if writer is not None else None,
                     kept if export_path is not None else None)
+
+
+def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list[RecordError]):
+    """A chunk's counts and table without the records whose (dataset, id) an earlier line of the
+    same file had; those, and the chunk's bad records, go to ``errors`` in line order."""
+    found = list(result.errors)
+    counts, table = result.counts, result.table
+    if result.keys is not None:
+        keep = [seen.setdefault(path, SeenIds()).add(dataset, rid) for path, _, dataset, rid in result.keys]
+        if not all(keep):
+            found += [duplicate_error(path, line, dataset, rid)
+                      for (path, line, dataset, rid), ok in zip(result.keys, keep) if not ok]
+            counts = [c for c, ok in zip(counts, keep) if ok]
+            if table is not None:
+                import pyarrow as pa
+
+                table = table.filter(pa.array(keep))
+    order = {path: k for k, path in enumerate(dict.fromkeys(e.path for e in found))}
+    errors += sorted(found, key=lambda e: (order[e.path], e.line))
+    return counts, table
 
 
 def _chunks_audited(chunks: Iterator[list[Record]], args: tuple, output: str | None, client, workers: int | None):

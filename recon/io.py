@@ -124,14 +124,12 @@ def _parse_line(raw: bytes, path: Path, lineno: int, allow_arrays: bool) -> dict
     return obj
 
 
-def iter_json_lines(path: str | Path, *, allow_arrays: bool = False) -> Iterator[tuple[int, dict | list | RecordError]]:
-    """(line number, parsed object or RecordError) for each non-blank line, streaming.
-    With ``allow_arrays`` a line may also hold a JSON array (a batched server response).
+def iter_raw_lines(path: str | Path) -> Iterator[tuple[int, bytes | RecordError]]:
+    """(line number, the line's bytes or a RecordError) for each line, streaming, not parsed: what
+    :func:`iter_json_lines` reads, for a caller that parses elsewhere (the audit's workers do).
 
-    Lines are read as bytes and decoded one by one, so a line of invalid UTF-8 is reported and
-    the lines after it are still read. A UTF-8 BOM at the start of the file is skipped; CRLF line
-    ends are accepted (lines end at ``\\n``); a line over :data:`MAX_LINE_BYTES` is reported; a
-    gzip file that is cut or corrupt is read up to the damage, which is reported as one bad line."""
+    A line over :data:`MAX_LINE_BYTES` is reported; a gzip file that is cut or corrupt is read up
+    to the damage, which is reported as one bad line."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
@@ -141,13 +139,31 @@ def iter_json_lines(path: str | Path, *, allow_arrays: bool = False) -> Iterator
                 for lineno, raw in enumerate(_raw_lines(f, MAX_LINE_BYTES), 1):
                     if raw is None:
                         yield lineno, RecordError(str(path), lineno, "", f"line longer than {MAX_LINE_BYTES} bytes; skipped")
-                        continue
-                    item = _parse_line(raw, path, lineno, allow_arrays)
-                    if item is not None:
-                        yield lineno, item
+                    else:
+                        yield lineno, raw
             except (EOFError, gzip.BadGzipFile, zlib.error) as e:
                 yield lineno + 1, RecordError(str(path), lineno + 1, "", f"file is cut or corrupt here ({one_line(e)})")
     except FileNotFoundError:
         raise ReconError(f"{path}: no such file") from None
     except OSError as e:
         raise ReconError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def parse_line(raw: bytes | RecordError, path: str | Path, lineno: int, *, allow_arrays: bool = False) -> dict | list | RecordError | None:
+    """One line from :func:`iter_raw_lines`: the parsed object, a RecordError, or None if blank."""
+    if isinstance(raw, RecordError):
+        return raw
+    return _parse_line(raw, Path(path), lineno, allow_arrays)
+
+
+def iter_json_lines(path: str | Path, *, allow_arrays: bool = False) -> Iterator[tuple[int, dict | list | RecordError]]:
+    """(line number, parsed object or RecordError) for each non-blank line, streaming.
+    With ``allow_arrays`` a line may also hold a JSON array (a batched server response).
+
+    Lines are read as bytes and decoded one by one, so a line of invalid UTF-8 is reported and
+    the lines after it are still read. A UTF-8 BOM at the start of the file is skipped; CRLF line
+    ends are accepted (lines end at ``\\n``); see :func:`iter_raw_lines` for long lines and damaged gzip."""
+    for lineno, raw in iter_raw_lines(path):
+        item = parse_line(raw, path, lineno, allow_arrays=allow_arrays)
+        if item is not None:
+            yield lineno, item

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .errors import ReconError
-from .io import RecordError, bad_record_count, iter_json_lines, one_line
+from .io import RecordError, bad_record_count, iter_raw_lines, one_line, parse_line
 
 
 @dataclass
@@ -321,26 +321,49 @@ class SeenIds:
         return out
 
 
-def iter_records(path: str | Path, *, vocab_size: int | None = None) -> Iterator[Record | RecordError]:
-    """Stream one file's records; bad ones come out as :class:`RecordError` (several per record possible)."""
+def iter_raw(path: str | Path) -> Iterator[tuple[int, bytes | dict | RecordError]]:
+    """One file's records unparsed, in order: (line, raw JSONL bytes, a Parquet row as a dict, or a
+    RecordError); :func:`parse_raw` makes each a record. The audit reads with this and parses in
+    its workers, so the reading process only moves bytes."""
     path = Path(path)
     if not path.exists():
         raise ReconError(f"{path}: no such file")
-    default = dataset_name(path)
-    rows = _iter_parquet(path) if path.suffix == ".parquet" else iter_json_lines(path)
+    return _iter_parquet(path) if path.suffix == ".parquet" else iter_raw_lines(path)
+
+
+def parse_raw(path: str | Path, line: int, item: bytes | dict | RecordError, *,
+              vocab_size: int | None = None) -> Record | list[RecordError] | None:
+    """One item of :func:`iter_raw`: a validated record, its problems, or None (a blank line).
+    Duplicate ids are the caller's to find (see :class:`SeenIds`)."""
+    obj = parse_line(item, path, line) if not isinstance(item, dict) else item
+    if obj is None:
+        return None
+    if isinstance(obj, RecordError):
+        return [obj]
+    path = Path(path)
+    rec = parse_record(obj, path=str(path), line=line, default_dataset=dataset_name(path), vocab_size=vocab_size)
+    if isinstance(rec, Record):
+        rec.origin = (str(path), line)
+    return rec
+
+
+def duplicate_error(path: str, line: int, rec_dataset: str, rid: str) -> RecordError:
+    return RecordError(path, line, "id", f"duplicate id {rid!r} in dataset {rec_dataset!r} (an earlier line has it)")
+
+
+def iter_records(path: str | Path, *, vocab_size: int | None = None) -> Iterator[Record | RecordError]:
+    """Stream one file's records; bad ones come out as :class:`RecordError` (several per record possible)."""
     seen = SeenIds()
-    for line, obj in rows:
-        if isinstance(obj, RecordError):
-            yield obj
+    for line, item in iter_raw(path):
+        rec = parse_raw(path, line, item, vocab_size=vocab_size)
+        if rec is None:
             continue
-        rec = parse_record(obj, path=str(path), line=line, default_dataset=default, vocab_size=vocab_size)
         if isinstance(rec, list):
             yield from rec
             continue
         if not seen.add(rec.dataset, rec.id):
-            yield RecordError(str(path), line, "id", f"duplicate id {rec.id!r} in dataset {rec.dataset!r} (an earlier line has it)")
+            yield duplicate_error(str(path), line, rec.dataset, rec.id)
             continue
-        rec.origin = (str(path), line)
         yield rec
 
 

@@ -19,9 +19,12 @@ class Tally:
 
     def add(self, rows: pd.DataFrame | Iterable[Mapping]) -> "Tally":
         """Count audit rows (a DataFrame, or the dicts :func:`recon.audit.audit_rows` returns)."""
-        triples = (zip(rows["dataset"], rows["status"], rows["cause"]) if isinstance(rows, pd.DataFrame)
-                   else ((r["dataset"], r["status"], r["cause"]) for r in rows))
-        for dataset, status, cause in triples:
+        return self.add_counts(zip(rows["dataset"], rows["status"], rows["cause"]) if isinstance(rows, pd.DataFrame)
+                               else ((r["dataset"], r["status"], r["cause"]) for r in rows))
+
+    def add_counts(self, counts: Iterable[tuple[str, str, str | None]]) -> "Tally":
+        """Count (dataset, status, cause) triples, one per audited record."""
+        for dataset, status, cause in counts:
             counter = self.by_dataset.setdefault(str(dataset), Counter())
             counter[status] += 1
             if status == "mismatch":

@@ -24,7 +24,7 @@ mostly distinct in code, their pre-tokens are not, so data never seen before sti
 from __future__ import annotations
 
 import re
-from itertools import accumulate, chain
+from itertools import accumulate, chain, filterfalse
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .pretokenize import ALPHABET, Cut, plain
@@ -162,28 +162,22 @@ class WordCache:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         words = self.words
-        get = words.__getitem__
-        out: list[list[int] | None] = [None] * len(texts)
-        slow: list[int] = []
-        pending: list[tuple[int, list[str]]] = []
-        for k, text in enumerate(texts):
+        keyed: list[list[str] | None] = []
+        missing: set[str] = set()
+        for text in texts:
             keys = None if self._bail is not None and self._bail.search(text) else self._keys(text)
-            if keys is None:
-                slow.append(k)
-                continue
-            self.lookups += len(keys)
-            try:
-                out[k] = list(chain.from_iterable(map(get, keys)))
-            except KeyError:
-                pending.append((k, keys))
-        if pending:
-            missing = list({w: None for _, keys in pending for w in keys if w not in words})
-            self._learn(missing)
-            for k, keys in pending:
-                out[k] = list(chain.from_iterable(map(get, keys)))
-            if len(words) > self.max_words:  # full: start over (it held at most one batch more)
-                words.clear()
-                words.update(self._tokens)
+            keyed.append(keys)
+            if keys is not None:
+                missing.update(filterfalse(words.__contains__, keys))
+        if missing:
+            self._learn(sorted(missing))  # sorted: the same order in every process
+        get = words.__getitem__
+        out = [None if keys is None else list(chain.from_iterable(map(get, keys))) for keys in keyed]
+        self.lookups += sum(len(keys) for keys in keyed if keys is not None)
+        if len(words) > self.max_words:  # full: start over (it held at most one batch more)
+            words.clear()
+            words.update(self._tokens)
+        slow = [k for k, keys in enumerate(keyed) if keys is None]
         if slow:
             for k, ids in zip(slow, self._encode_texts([texts[k] for k in slow])):
                 out[k] = ids
