@@ -156,13 +156,14 @@ def peak_memory_mb(path: Path, chunk: int, workers: int) -> tuple[float, float, 
     return peak, seconds, most
 
 
-def audit_process(path: Path, options: list[str] = ()) -> tuple[float, float, int, str]:
+def audit_process(path: Path, options: list[str] = (), memory: bool = True) -> tuple[float, float, int, str]:
     """Run `recon audit FILE --tokenizer smollm2 --profile chatml --json [options]`: its peak memory
     (MB), wall time from launch to exit, the most processes seen, and its standard output.
 
     Memory is the proportional set size (PSS) summed over the command's process tree, sampled
     every 0.05 s: pages forked workers share with their parent count once, a worker's own pages
-    count in full."""
+    count in full. Sampling costs CPU (reading smaps_rollup takes ~5 ms per process here), which
+    slows the command down: time it with ``memory=False``."""
     import psutil
 
     cmd = [sys.executable, "-m", "recon.cli", "audit", str(path), "--tokenizer", "smollm2", "--profile", "chatml",
@@ -171,7 +172,7 @@ def audit_process(path: Path, options: list[str] = ()) -> tuple[float, float, in
         start = time.perf_counter()
         proc = psutil.Popen(cmd, cwd=ROOT, stdout=out)
         peak, most = 0.0, 1
-        while proc.poll() is None:
+        while memory and proc.poll() is None:
             try:
                 tree = [proc.pid, *(p.pid for p in proc.children(recursive=True))]
             except psutil.NoSuchProcess:
@@ -210,16 +211,18 @@ def cold(n: int, options: list[str], head: int = 2000) -> dict:
             return sum(naive_tok.encode(naive_tok.decode(sample), add_special_tokens=False) == sample for sample in ids)
 
         naive_s, naive_exact = timed(naive)
-        peak, recon_s, most, out = audit_process(path, options)
+        _, recon_s, _, out = audit_process(path, options, memory=False)  # timed alone: sampling memory slows it
+        peak, sampled_s, most, sampled = audit_process(path, options)
     summary = json.loads(out)
+    assert json.loads(sampled)["exact"] == summary["exact"]
     return {"samples": n, "odd": odd, "floor": floor, "head": len(ids), "naive_s": naive_s * n / len(ids),
-            "naive_exact": naive_exact, "recon_s": recon_s, "peak": peak, "most": most, "summary": summary}
+            "naive_exact": naive_exact, "recon_s": recon_s, "peak": peak, "most": most, "sampled_s": sampled_s,
+            "summary": summary}
 
 
 def print_cold(r: dict) -> None:
     n, floor, summary, odd = r["samples"], r["floor"], r["summary"], r["odd"]
-    print(f"
-cold: {n} distinct records (standard library *.py and licence texts), {floor['text_mb']:.1f} MB of text, "
+    print(f"\ncold: {n} distinct records (standard library *.py and licence texts), {floor['text_mb']:.1f} MB of text, "
           f"{len(odd)} with a non-canonical split")
     print(f"{'':40} {'seconds':>9} {'samples/s':>11} {'MB/s':>7}")
     rows = [(f"(a) naive loop (first {r['head']}, x{n / r['head']:.4g})", r["naive_s"]),
@@ -232,7 +235,8 @@ cold: {n} distinct records (standard library *.py and licence texts), {floor['te
     c_b, a_c = r["recon_s"] / floor["seconds"], r["naive_s"] / r["recon_s"]
     print(f"(c)/(b) recon/floor = {c_b:.2f}   target <= 0.5  {'MET' if c_b <= 0.5 else 'NOT MET'}")
     print(f"(a)/(c) naive/recon = {a_c:.2f}")
-    print(f"recon audit peak {r['peak']:.1f} MB in {r['most']} processes")
+    print(f"recon audit peak {r['peak']:.1f} MB in {r['most']} processes (a second run, sampling memory: "
+          f"{r['sampled_s']:.2f} s)")
 
     expected = set(odd)
     surprises = sorted(expected.symmetric_difference(floor["mismatched"]))
@@ -247,13 +251,20 @@ cold: {n} distinct records (standard library *.py and licence texts), {floor['te
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument("--samples", type=int, default=100_000, help="warm samples (0 skips the warm rows)")
     parser.add_argument("--chunk-size", type=int, default=None, help="records per chunk (default: recon's)")
     parser.add_argument("--workers", type=int, default=None, help="recon's worker processes (default: one per core)")
     parser.add_argument("--memory-samples", default="10000,1000000", help="two sizes, comma-separated ('' to skip)")
+    parser.add_argument("--cold", type=int, default=20_000, help="distinct cold records (0 skips the cold row)")
+    parser.add_argument("--cold-memory", default="",
+                        help="two cold sizes for peak memory, e.g. 10000,1000000 (default '' skips: writing and "
+                             "auditing 1M cold records takes a while and about 2 GB of disk)")
     args = parser.parse_args()
     from recon.engine import DEFAULT_CHUNK, default_workers
 
+    # the cold runs are `recon audit` as typed, plus only the engine options given here
+    options = [*(["--chunk-size", str(args.chunk_size)] if args.chunk_size else []),
+               *(["--workers", str(args.workers)] if args.workers is not None else [])]
     args.workers = default_workers() if args.workers is None else args.workers
     args.chunk_size = args.chunk_size or DEFAULT_CHUNK
 
@@ -261,6 +272,34 @@ def main() -> None:
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"tokenizers {tokenizers.__version__}, TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', '(unset)')}")
+    if args.samples:
+        warm(args)
+    if args.memory_samples:
+        memory(args.memory_samples, "samples", write_ids_file, lambda path: peak_memory_mb(path, args.chunk_size, args.workers))
+    if args.cold:
+        print_cold(cold(args.cold, options))
+    if args.cold_memory:
+        from cold_data import write_cold
+
+        memory(args.cold_memory, "cold records", write_cold, lambda path: audit_process(path, options)[:3])
+
+
+def memory(sizes: str, what: str, write, measure) -> None:
+    """Peak memory of `recon audit` on files of two sizes (written by ``write``), and their ratio."""
+    small, large = (int(x) for x in sizes.split(","))
+    peaks = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (small, large):
+            path = Path(tmp) / f"{n}.jsonl"
+            write(path, n)
+            peaks[n] = measure(path)
+            path.unlink()
+            print(f"recon audit, {n:>8} {what}: peak {peaks[n][0]:7.1f} MB in {peaks[n][2]} processes, "
+                  f"{peaks[n][1]:6.1f} s end to end")
+    ratio = peaks[large][0] / peaks[small][0]
+    print(f"{what}: peak({large})/peak({small}) = {ratio:.3f}   target <= 1.2  {'MET' if ratio <= 1.2 else 'NOT MET'}")
+
+def warm(args: argparse.Namespace) -> None:
     r = speed(args.samples, args.chunk_size, args.workers)
     print(f"\n{r['samples']} samples, {r['text_mb']:.1f} MB of text, {r['exact']} exact; mismatches: {r['by_cause']}")
     print(f"{'':26} {'seconds':>9} {'samples/s':>11} {'MB/s':>7}")
@@ -278,20 +317,6 @@ def main() -> None:
           f"({r['cold_s'] / r['cold_native_s']:.2f}x)")
     print(f"\n(a)/(c) naive/recon = {a_c:.2f}   target >= 3    {'MET' if a_c >= 3 else 'NOT MET'}")
     print(f"(c)/(b) recon/floor = {c_b:.2f}   target <= 1.3  {'MET' if c_b <= 1.3 else 'NOT MET'}")
-
-    if args.memory_samples:
-        small, large = (int(x) for x in args.memory_samples.split(","))
-        with tempfile.TemporaryDirectory() as tmp:
-            peaks = {}
-            for n in (small, large):
-                path = Path(tmp) / f"ids-{n}.jsonl"
-                write_ids_file(path, n)
-                peaks[n] = peak_memory_mb(path, args.chunk_size, args.workers)
-                path.unlink()
-                print(f"recon audit, {n:>8} samples: peak {peaks[n][0]:7.1f} MB in {peaks[n][2]} processes, "
-                      f"{peaks[n][1]:6.1f} s end to end")
-        ratio = peaks[large][0] / peaks[small][0]
-        print(f"peak({large})/peak({small}) = {ratio:.3f}   target <= 1.2  {'MET' if ratio <= 1.2 else 'NOT MET'}")
 
 
 if __name__ == "__main__":

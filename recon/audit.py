@@ -22,13 +22,14 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from itertools import accumulate, chain
-from typing import AbstractSet, Iterable, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, AbstractSet, Iterable, Sequence
 
 from .profiles import REGIONS, BoundProfile, ParseOptions
 from .reconstruct import METHODS, Reconstruction, reconstruct_batch
 from .records import Record, Response
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CAUSES = (
     "non_canonical_bpe",       # same bytes, different segmentation
@@ -434,6 +435,8 @@ def audit_records(
 ) -> pd.DataFrame:
     """One row per record (see ``COLUMNS``); a record that fails is an ``error`` row, the rest go on.
     ``keep_ids`` adds a ``recon_ids`` column with each full reconstruction."""
+    import pandas as pd
+
     rows = audit_rows(records, bound, method, mode=mode, options=options, keep_ids=keep_ids)
     return pd.DataFrame(rows, columns=COLUMNS + (["recon_ids"] if keep_ids else []))
 
@@ -500,6 +503,8 @@ def audit_rows(
 
 def describe(row, tok) -> str:
     """One line in the seed's words: where a sample differs, and what each side has there."""
+    import pandas as pd
+
     if row["status"] != "mismatch":
         return f"sample {row['id']}: {row['status']}" + (f" ({row['error']})" if pd.notna(row["error"]) else "")
     def text(i):
@@ -510,6 +515,8 @@ def describe(row, tok) -> str:
 
 def drilldown(row, tok) -> pd.DataFrame:
     """The ids and token texts around a sample's first divergence, ground truth beside reconstruction."""
+    import pandas as pd
+
     k = int(row["first_diff"])
     t_ids, r_ids = list(row["truth_window"]), list(row["recon_window"])
     start = max(0, k - WINDOW)
@@ -527,6 +534,8 @@ def drilldown(row, tok) -> pd.DataFrame:
 def audit_methods(records: Sequence[Record], bound: BoundProfile, methods: Iterable[str] = ("concat", "segments", "logprobs"),
                   *, mode: str = "auto", options: ParseOptions | None = None) -> pd.DataFrame:
     """The same records audited with each method, stacked (compare with :func:`recon.stats.method_comparison`)."""
+    import pandas as pd
+
     frames = [audit_records(records, bound, m, mode=mode, options=options).assign(method_asked=m) for m in methods]
     return pd.concat(frames, ignore_index=True)
 

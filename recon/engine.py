@@ -26,7 +26,7 @@ from .export import arrow_schema as export_schema
 from .io import RecordError, bad_record_count
 from .profiles import BoundProfile, ParseOptions, load_profile
 from .records import Record, SeenIds, duplicate_error, iter_raw, parse_raw
-from .stats import Tally
+from .tally import Tally
 
 #: Records per chunk: big enough that batch calls dominate, small enough that a worker's
 #: working set (~10 KB a record while audited) stays a few tens of MB.
@@ -181,7 +181,6 @@ def audit_stream(
     ``dask``: ``"local"`` (a LocalCluster on this machine) or a scheduler address; or pass a
     ``client``. Results are identical whichever runs them.
     """
-    import pyarrow.compute as pc
     from tqdm.auto import tqdm
 
     if rows_path is not None and export_path is not None:
@@ -209,6 +208,8 @@ def audit_stream(
             if writer is not None:
                 writer.write(table)
                 if export_path is not None:
+                    import pyarrow.compute as pc
+
                     kept += pc.sum(table["keep"]).as_py() or 0
             bar.update(len(counts))
             del table, result

@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from .errors import ReconError
 from .records import Record
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 POLICIES = ("exact-only", "fallback", "drop-mismatches", "recover")
 KEEP = {
@@ -101,6 +102,8 @@ def export_table(records: Sequence[Record], audited: pd.DataFrame, policy: "str 
     check_policy(policy)
     if "recon_ids" not in audited.columns:
         raise ReconError("the audit has no recon_ids; run audit_records(..., keep_ids=True)")
+    import pandas as pd
+
     return pd.DataFrame(export_rows(records, audited.to_dict("records"), policy), columns=COLUMNS)
 
 
