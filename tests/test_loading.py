@@ -241,3 +241,38 @@ def test_recon_never_passes_trust_remote_code():
         if re.search(r"trust_remote_code\s*=\s*True", p.read_text())
     ]
     assert offenders == []
+
+
+def test_a_converted_gguf_tokenizer_is_cached_and_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch, tokenizers):
+    import recon.loading as loading
+
+    monkeypatch.setenv("RECON_CACHE_DIR", str(tmp_path / "cache"))
+    first = load_tokenizer("smollm2")  # builds from the GGUF header and keeps the build
+    entries = list((tmp_path / "cache" / "gguf").glob("*.json"))
+    assert len(entries) == 1
+
+    def no_rebuild(path):
+        raise AssertionError("rebuilt although a cache entry exists")
+
+    monkeypatch.setattr(loading, "_build_gguf", no_rebuild)
+    second = load_tokenizer("smollm2")
+    text = "Hello <|im_end|> 12345 naïve 🤖\n\n  x"
+    assert second.encode(text) == first.encode(text) == tokenizers["smollm2"].encode(text)
+    assert second.added_tokens == first.added_tokens and second.roles == first.roles
+    assert second.vocab_size == first.vocab_size
+
+    monkeypatch.undo()
+    monkeypatch.setenv("RECON_CACHE_DIR", str(tmp_path / "cache"))
+    for damage in (b"", b"{not json", json.dumps({"tokenizer": "{}", "added": [], "roles": {}}).encode()):
+        entries[0].write_bytes(damage)
+        again = load_tokenizer("smollm2")  # no error: rebuilt, and the entry written anew
+        assert again.encode(text) == first.encode(text)
+        assert json.loads(entries[0].read_bytes())["roles"] == first.roles
+
+
+def test_a_cache_folder_that_cannot_be_written_is_no_error(tmp_path, monkeypatch, tokenizers):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("RECON_CACHE_DIR", str(blocker / "cache"))
+    assert load_tokenizer("smollm2").encode("hi there") == tokenizers["smollm2"].encode("hi there")
+    assert blocker.read_text() == "not a folder"
