@@ -94,7 +94,7 @@ def _lone_surrogate(obj: Any, where: str = "") -> str | None:
     return None
 
 
-def _parse_line(raw: bytes, path: Path, lineno: int, allow_arrays: bool) -> dict | list | RecordError | None:
+def _parse_line(raw: bytes, path: str | Path, lineno: int, allow_arrays: bool) -> dict | list | RecordError | None:
     """One line: the parsed object, a RecordError saying what is wrong with it, or None if blank."""
     if lineno == 1 and raw.startswith(_BOM):
         raw = raw[len(_BOM):]  # a UTF-8 byte-order mark (Windows editors write one) is not data
@@ -153,7 +153,7 @@ def parse_line(raw: bytes | RecordError, path: str | Path, lineno: int, *, allow
     """One line from :func:`iter_raw_lines`: the parsed object, a RecordError, or None if blank."""
     if isinstance(raw, RecordError):
         return raw
-    return _parse_line(raw, Path(path), lineno, allow_arrays)
+    return _parse_line(raw, path, lineno, allow_arrays)
 
 
 def iter_json_lines(path: str | Path, *, allow_arrays: bool = False) -> Iterator[tuple[int, dict | list | RecordError]]:

@@ -27,6 +27,7 @@ import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -340,11 +341,16 @@ def parse_raw(path: str | Path, line: int, item: bytes | dict | RecordError, *,
         return None
     if isinstance(obj, RecordError):
         return [obj]
-    path = Path(path)
-    rec = parse_record(obj, path=str(path), line=line, default_dataset=dataset_name(path), vocab_size=vocab_size)
+    path = str(path)
+    rec = parse_record(obj, path=path, line=line, default_dataset=_default_dataset(path), vocab_size=vocab_size)
     if isinstance(rec, Record):
-        rec.origin = (str(path), line)
+        rec.origin = (path, line)
     return rec
+
+
+@lru_cache(maxsize=64)
+def _default_dataset(path: str) -> str:
+    return dataset_name(Path(path))
 
 
 def duplicate_error(path: str, line: int, rec_dataset: str, rid: str) -> RecordError:

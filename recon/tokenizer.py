@@ -247,7 +247,7 @@ class HFTokenizer(Tokenizer):
         return self._core.decode(list(ids), skip_special_tokens=False)
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
-        return self._core.decode_batch([list(ids) for ids in batch], skip_special_tokens=False)
+        return self._core.decode_batch([ids if type(ids) is list else list(ids) for ids in batch], skip_special_tokens=False)
 
     @cached_property
     def _vocab(self) -> dict[str, int]:
@@ -409,7 +409,7 @@ class TiktokenTokenizer(Tokenizer):
         return self._core.decode(list(ids), errors="replace")
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
-        return self._core.decode_batch([list(ids) for ids in batch], errors="replace")
+        return self._core.decode_batch([ids if type(ids) is list else list(ids) for ids in batch], errors="replace")
 
     @property
     def vocab_size(self) -> int:
