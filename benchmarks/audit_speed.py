@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -152,14 +153,15 @@ def pss_mb(pid: int) -> float:
 
 def peak_memory_mb(path: Path, chunk: int, workers: int) -> tuple[float, float, int]:
     """Peak memory (MB) of `recon audit` on one file, its wall time, and the most processes seen."""
-    peak, seconds, most, _ = audit_process(path, ["--method", "concat", "--chunk-size", str(chunk),
+    peak, seconds, most, *_ = audit_process(path, ["--method", "concat", "--chunk-size", str(chunk),
                                                   "--workers", str(workers)])
     return peak, seconds, most
 
 
-def audit_process(path: Path, options: list[str] = (), memory: bool = True) -> tuple[float, float, int, str]:
+def audit_process(path: Path, options: list[str] = (), memory: bool = True) -> tuple[float, float, int, str, float]:
     """Run `recon audit FILE --tokenizer smollm2 --profile chatml --json [options]`: its peak memory
-    (MB), wall time from launch to exit, the most processes seen, and its standard output.
+    (MB), wall time from launch to exit, the most processes seen, its standard output and the CPU
+    seconds its process tree used.
 
     Memory is the proportional set size (PSS) summed over the command's process tree, sampled
     every 0.05 s: pages forked workers share with their parent count once, a worker's own pages
@@ -170,7 +172,7 @@ def audit_process(path: Path, options: list[str] = (), memory: bool = True) -> t
     cmd = [sys.executable, "-m", "recon.cli", "audit", str(path), "--tokenizer", "smollm2", "--profile", "chatml",
            "--json", *options]
     with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: nothing blocks while we only sample memory
-        start = time.perf_counter()
+        start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = psutil.Popen(cmd, cwd=ROOT, stdout=out)
         peak, most = 0.0, 1
         while memory and proc.poll() is None:
@@ -181,11 +183,12 @@ def audit_process(path: Path, options: list[str] = (), memory: bool = True) -> t
             peak, most = max(peak, sum(map(pss_mb, tree))), max(most, len(tree))
             time.sleep(0.05)
         code = proc.wait()
-        seconds = time.perf_counter() - start
+        seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
         if code != 0:
             raise SystemExit(f"recon audit failed on {path}")
         out.seek(0)
-        return peak, seconds, most, out.read()
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # the tree's, once it is waited for
+        return peak, seconds, most, out.read(), cpu
 
 
 def cold(n: int, options: list[str], head: int = 2000) -> dict:
@@ -211,28 +214,32 @@ def cold(n: int, options: list[str], head: int = 2000) -> dict:
         def naive():
             return sum(naive_tok.encode(naive_tok.decode(sample), add_special_tokens=False) == sample for sample in ids)
 
+        cpu = time.process_time()
         naive_s, naive_exact = timed(naive)
-        _, recon_s, _, out = audit_process(path, options, memory=False)  # timed alone: sampling memory slows it
-        peak, sampled_s, most, sampled = audit_process(path, options)
+        naive_cpu = time.process_time() - cpu
+        _, recon_s, _, out, recon_cpu = audit_process(path, options, memory=False)  # alone: sampling memory slows it
+        peak, sampled_s, most, sampled, _ = audit_process(path, options)
     summary = json.loads(out)
     assert json.loads(sampled)["exact"] == summary["exact"]
-    return {"samples": n, "odd": odd, "floor": floor, "head": len(ids), "naive_s": naive_s * n / len(ids),
-            "naive_exact": naive_exact, "recon_s": recon_s, "peak": peak, "most": most, "sampled_s": sampled_s,
-            "summary": summary}
+    scale = n / len(ids)
+    return {"samples": n, "odd": odd, "floor": floor, "head": len(ids), "naive_s": naive_s * scale,
+            "naive_cpu": naive_cpu * scale, "naive_exact": naive_exact, "recon_s": recon_s, "recon_cpu": recon_cpu,
+            "peak": peak, "most": most, "sampled_s": sampled_s, "summary": summary}
 
 
 def print_cold(r: dict) -> None:
     n, floor, summary, odd = r["samples"], r["floor"], r["summary"], r["odd"]
     print(f"\ncold: {n} distinct records (standard library *.py and licence texts), {floor['text_mb']:.1f} MB of text, "
           f"{len(odd)} with a non-canonical split")
-    print(f"{'':40} {'seconds':>9} {'samples/s':>11} {'MB/s':>7}")
-    rows = [(f"(a) naive loop (first {r['head']}, x{n / r['head']:.4g})", r["naive_s"]),
-            ("(b) floor, native, TOKENIZERS_PARALLELISM", floor["seconds"]),
-            ("(c) recon audit, whole process", r["recon_s"])]
-    for name, t in rows:
-        print(f"{name:40} {t:9.2f} {n / t:11.0f} {floor['text_mb'] / t:7.1f}")
+    print(f"{'':40} {'seconds':>9} {'samples/s':>11} {'MB/s':>7} {'CPU s':>7}")
+    rows = [(f"(a) naive loop (first {r['head']}, x{n / r['head']:.4g})", r["naive_s"], r["naive_cpu"]),
+            ("(b) floor, native, TOKENIZERS_PARALLELISM", floor["seconds"], floor["cpu_s"]),
+            ("(c) recon audit, whole process", r["recon_s"], r["recon_cpu"])]
+    for name, t, cpu in rows:
+        print(f"{name:40} {t:9.2f} {n / t:11.0f} {floor['text_mb'] / t:7.1f} {cpu:7.2f}")
     print("(b) times decode + encode only (loading the tokenizer and reading the ids untimed); "
-          "(c) is launch to exit of `recon audit FILE --tokenizer smollm2 --profile chatml --json`")
+          "(c) is launch to exit of `recon audit FILE --tokenizer smollm2 --profile chatml --json`; "
+          "CPU s over seconds shows how many cores each really had (other load on the machine shows here)")
     c_b, a_c = r["recon_s"] / floor["seconds"], r["naive_s"] / r["recon_s"]
     print(f"(c)/(b) recon/floor = {c_b:.2f}   target <= 0.5  {'MET' if c_b <= 0.5 else 'NOT MET'}")
     print(f"(a)/(c) naive/recon = {a_c:.2f}")

@@ -1,0 +1,130 @@
+"""Cold data for benchmarks/audit_speed.py: distinct records cut from real text on this machine.
+
+The text is every ``*.py`` of the Python standard library (not site-packages; files that are not
+UTF-8 or cannot be read are skipped) and the licence texts found (/usr/share/common-licenses/*,
+LICENSE* under the standard library). Pass p cuts every text into 1,600-character slices starting
+at offset p * 97 % 1600, so later passes give new slices; a slice already seen is skipped, so no
+two records hold the same text. Each slice is encoded with recon's smollm2 tokenizer and ends with
+``<|im_end|>``; one record in seven has one multi-byte token replaced by a non-canonical split into
+two tokens that spell the same bytes (so exactly those records do not round-trip).
+
+    python benchmarks/cold_data.py write FILE N   # write N records as JSONL
+    python benchmarks/cold_data.py floor FILE     # the native floor on FILE, as JSON (run it with
+                                                  # TOKENIZERS_PARALLELISM=true for the multi-core floor)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Iterator
+
+SLICE = 1600
+STEP = 97  # pass p starts its slices at p * STEP % SLICE: 1600 distinct offsets, as gcd(97, 1600) = 1
+BATCH = 2000
+ODD_ONE = 7  # one record in ODD_ONE gets a non-canonical split
+
+
+def source_paths() -> list[Path]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    inside = [p for p in [*stdlib.rglob("*.py"), *stdlib.rglob("LICENSE*")] if "site-packages" not in p.parts]
+    licences = Path("/usr/share/common-licenses")
+    return sorted(inside) + sorted(licences.glob("*") if licences.is_dir() else [])
+
+
+def source_texts() -> list[str]:
+    texts = []
+    for path in source_paths():
+        try:
+            texts.append(path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return [t for t in texts if t]
+
+
+def slices() -> Iterator[str]:
+    """Distinct slices of the source texts, pass after pass, until every offset is used."""
+    texts, seen = source_texts(), set()
+    for p in range(SLICE):
+        offset = p * STEP % SLICE
+        for text in texts:
+            for start in range(offset, len(text), SLICE):
+                piece = text[start : start + SLICE]
+                key = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+                if key not in seen:
+                    seen.add(key)
+                    yield piece
+    raise ValueError(f"only {len(seen)} distinct slices in the source texts")
+
+
+def splits(tok, token_id: int, cache: dict) -> list[tuple[int, int]]:
+    """The pairs of tokens whose bytes spell ``token_id``'s bytes (empty for one-byte tokens)."""
+    if token_id not in cache:
+        data, ids = tok.token_bytes[token_id], tok.bytes_to_id
+        cache[token_id] = [(ids[data[:i]], ids[data[i:]]) for i in range(1, len(data))
+                           if data[:i] in ids and data[i:] in ids]
+    return cache[token_id]
+
+
+def cold_records(n: int, seed: int = 7) -> Iterator[tuple[dict, bool]]:
+    """``n`` records {"id", "dataset", "output_ids"}, each with whether its ids were made non-canonical."""
+    from recon import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    end = tok.piece_to_id("<|im_end|>")
+    assert end is not None, "smollm2 has no <|im_end|>"
+    rng, cache, source, k = random.Random(seed), {}, slices(), 0
+    while k < n:
+        batch = [next(source) for _ in range(min(BATCH, n - k))]
+        for ids in tok.encode_batch(batch):
+            odd = k % ODD_ONE == ODD_ONE - 1
+            if odd:
+                spots = [i for i, t in enumerate(ids) if t not in tok.added_ids and splits(tok, t, cache)]
+                assert spots, f"record {k} has no multi-byte token to split"
+                i = rng.choice(spots)
+                ids[i : i + 1] = rng.choice(splits(tok, ids[i], cache))
+            yield {"id": str(k), "dataset": "cold", "output_ids": [*ids, end]}, odd
+            k += 1
+
+
+def write_cold(path: Path, n: int, seed: int = 7) -> list[int]:
+    """Write ``n`` cold records to ``path`` as JSONL, streaming; the indices made non-canonical."""
+    odd = []
+    with open(path, "w") as f:
+        for k, (record, changed) in enumerate(cold_records(n, seed)):
+            f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            if changed:
+                odd.append(k)
+    return odd
+
+
+def floor(path: Path) -> dict:
+    """The tokenizer's native floor on ``path``: one batched decode plus one batched encode.
+
+    Loading the tokenizer and reading the ids are not timed."""
+    from recon import load_tokenizer
+
+    core = load_tokenizer("smollm2").core
+    with open(path) as f:
+        ids = [json.loads(line)["output_ids"] for line in f]
+    start, cpu = time.perf_counter(), time.process_time()
+    texts = core.decode_batch(ids, skip_special_tokens=False)
+    encoded = core.encode_batch_fast(texts, add_special_tokens=False)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu  # cpu: every thread's
+    mismatched = [k for k, (e, sample) in enumerate(zip(encoded, ids)) if e.ids != sample]
+    return {"seconds": seconds, "cpu_s": cpu, "samples": len(ids), "exact": len(ids) - len(mismatched), "mismatched": mismatched,
+            "text_mb": sum(len(t.encode()) for t in texts) / 1e6}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["write"]:
+        print(len(write_cold(Path(sys.argv[2]), int(sys.argv[3]))), "non-canonical")
+    elif sys.argv[1:2] == ["floor"]:
+        print(json.dumps(floor(Path(sys.argv[2]))))
+    else:
+        raise SystemExit(__doc__)
