@@ -233,7 +233,9 @@ class HFTokenizer(Tokenizer):
 
     def _bpe_batch(self, pieces: list[str]) -> list[list[int]]:
         """The BPE model alone on each piece (no normalizer, pre-tokenizer or added tokens): what
-        the native encoder runs on each pre-token."""
+        the native encoder runs on each pre-token. Pieces go in as pre-tokenized words, a
+        thousand to an input, and come back apart by their word index: one input per piece
+        would cost more in per-input overhead than in BPE."""
         if self._bare_core is None:
             from tokenizers import Tokenizer as Core
             from tokenizers import pre_tokenizers
@@ -241,7 +243,14 @@ class HFTokenizer(Tokenizer):
             bare = Core(self._core.model)
             bare.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
             self._bare_core = bare
-        return [e.ids for e in self._bare_core.encode_batch_fast(pieces, add_special_tokens=False)]
+        groups = [pieces[i : i + 1000] for i in range(0, len(pieces), 1000)]
+        out: list[list[int]] = []
+        for group, encoding in zip(groups, self._bare_core.encode_batch(groups, is_pretokenized=True, add_special_tokens=False)):
+            each: list[list[int]] = [[] for _ in group]
+            for token_id, word in zip(encoding.ids, encoding.word_ids):
+                each[word].append(token_id)
+            out += each
+        return out
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), skip_special_tokens=False)

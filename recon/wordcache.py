@@ -24,7 +24,7 @@ mostly distinct in code, their pre-tokens are not, so data never seen before sti
 from __future__ import annotations
 
 import re
-from itertools import accumulate, chain, filterfalse
+from itertools import accumulate, chain
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .pretokenize import ALPHABET, Cut, plain
@@ -162,18 +162,14 @@ class WordCache:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         words = self.words
-        keyed: list[list[str] | None] = []
-        missing: set[str] = set()
-        for text in texts:
-            keys = None if self._bail is not None and self._bail.search(text) else self._keys(text)
-            keyed.append(keys)
-            if keys is not None:
-                missing.update(filterfalse(words.__contains__, keys))
+        keyed = [None if self._bail is not None and self._bail.search(text) else self._keys(text) for text in texts]
+        listed = [keys for keys in keyed if keys is not None]
+        self.lookups += sum(map(len, listed))
+        missing = [w for w in set().union(*listed) if w not in words]
         if missing:
             self._learn(sorted(missing))  # sorted: the same order in every process
         get = words.__getitem__
         out = [None if keys is None else list(chain.from_iterable(map(get, keys))) for keys in keyed]
-        self.lookups += sum(len(keys) for keys in keyed if keys is not None)
         if len(words) > self.max_words:  # full: start over (it held at most one batch more)
             words.clear()
             words.update(self._tokens)
