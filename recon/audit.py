@@ -461,7 +461,8 @@ def audit_rows(
     for k, (record, m) in enumerate(zip(records, modes)):
         try:
             ids = record.output_ids
-            if ids is not None and ids and (max(ids) >= size or min(ids) < 0 or (gaps and not gaps.isdisjoint(ids))):
+            checked = record.ids_below is not None and record.ids_below <= size
+            if ids and ((not checked and (max(ids) >= size or min(ids) < 0)) or (gaps and not gaps.isdisjoint(ids))):
                 p, bad = next((p, i) for p, i in enumerate(ids) if i >= size or i < 0 or i in gaps)
                 raise ValueError(f"output_ids[{p}] = {bad} is not a token of {tok.name}")
             if m == "roundtrip":

@@ -95,6 +95,9 @@ class Record:
     meta: dict = field(default_factory=dict)
     #: where the record was read from (file, line); not part of the format
     origin: tuple[str, int] | None = field(default=None, compare=False, repr=False)
+    #: every id of ``output_ids`` was checked to be below this when read (so a reader that knows
+    #: the vocabulary need not check again); not part of the format
+    ids_below: int | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"id": self.id, "dataset": self.dataset}
@@ -238,7 +241,8 @@ def parse_record(obj: dict, *, path: str, line: int, default_dataset: str, vocab
         p.add("meta", "expected an object")
     if p.items:
         return p.items
-    return Record(rid, dataset, output_ids, response, prompt_ids, messages, meta)
+    return Record(rid, dataset, output_ids, response, prompt_ids, messages, meta,
+                  ids_below=vocab_size if output_ids is not None else None)
 
 
 # -- reading ----------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ mostly distinct in code, their pre-tokens are not, so data never seen before sti
 from __future__ import annotations
 
 import re
-from itertools import accumulate, chain
+from itertools import accumulate, chain, compress
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .pretokenize import ALPHABET, Cut, plain
@@ -191,10 +191,11 @@ class WordCache:
         whose ids don't cut at its words' boundaries, is encoded word by word instead."""
         self.misses += len(missing)
         if self._cut is not None:
-            pieces = [w for w in missing if plain(w)]
+            is_piece = list(map(plain, missing))
+            pieces = list(compress(missing, is_piece))
             if pieces:
                 self.words.update(zip(pieces, self._encode_pieces(pieces)))
-                missing = [w for w in missing if not plain(w)]
+                missing = [w for w, piece in zip(missing, is_piece) if not piece]
         glueable: list[str] = []
         alone: list[str] = []
         for w in missing:
