@@ -90,7 +90,38 @@ class Tokenizer(ABC):
         """Text for ``ids``: special tokens kept, invalid UTF-8 replaced by U+FFFD."""
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """``[decode(ids) for ids in batch]``. A sequence of ASCII tokens (most of code and English)
+        is joined from a table of their texts, checked one by one against the native decode;
+        the rest go to the native core in one batch."""
+        table = self._ascii_texts
+        if table is None:
+            return self._decode_batch(batch)
+        texts, ascii_ids = table
+        get = texts.__getitem__
+        out = ["".join(map(get, ids)) if ascii_ids.issuperset(ids) else None for ids in batch]
+        slow = [k for k, text in enumerate(out) if text is None]
+        if slow:
+            for k, text in zip(slow, self._decode_batch([batch[k] for k in slow])):
+                out[k] = text
+        return out  # type: ignore[return-value]
+
+    def _decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """The native core's batch decode."""
         return [self.decode(ids) for ids in batch]
+
+    #: whether :meth:`decode` of ASCII tokens is their bytes joined (set by backends where it is)
+    _joins_bytes = False
+
+    @cached_property
+    def _ascii_texts(self) -> tuple[list[str | None], frozenset[int]] | None:
+        """(text of each token whose bytes are ASCII, else None; the ids whose native decode, alone,
+        is exactly that text), or None where decoding is not a join of token bytes."""
+        if not self._joins_bytes:
+            return None
+        texts = [data.decode("ascii") if data and data.isascii() else None for data in self.token_bytes]
+        ids = [i for i, text in enumerate(texts) if text is not None]
+        native = self._decode_batch([[i] for i in ids])
+        return texts, frozenset(i for i, text in zip(ids, native) if text == texts[i])
 
     # -- vocabulary ------------------------------------------------------------------------
     @property
@@ -191,6 +222,7 @@ class HFTokenizer(Tokenizer):
         self._bare_core = None  # the BPE model alone (see _bpe_batch)
         decoder = core.decoder.__class__.__name__ if core.decoder is not None else ""
         self._byte_level = decoder == "ByteLevel"
+        self._joins_bytes = self._byte_level  # the ByteLevel decoder maps each token back to its bytes
         self._sentencepiece = decoder in ("Sequence", "Metaspace", "ByteFallback")
 
     @property
@@ -255,7 +287,7 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), skip_special_tokens=False)
 
-    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+    def _decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return self._core.decode_batch([ids if type(ids) is list else list(ids) for ids in batch], skip_special_tokens=False)
 
     @cached_property
@@ -417,7 +449,9 @@ class TiktokenTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), errors="replace")
 
-    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+    _joins_bytes = True  # tiktoken decodes the tokens' bytes joined, invalid UTF-8 replaced
+
+    def _decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return self._core.decode_batch([ids if type(ids) is list else list(ids) for ids in batch], errors="replace")
 
     @property

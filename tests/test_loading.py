@@ -276,3 +276,18 @@ def test_a_cache_folder_that_cannot_be_written_is_no_error(tmp_path, monkeypatch
     monkeypatch.setenv("RECON_CACHE_DIR", str(blocker / "cache"))
     assert load_tokenizer("smollm2").encode("hi there") == tokenizers["smollm2"].encode("hi there")
     assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("name", ["smollm2", "deepseek-v4", "qwen3.6", "cl100k", "kimi-k2.5"])
+def test_batch_decode_joins_ascii_tokens_exactly_as_the_native_decode(name, tokenizers, kimi):
+    tok = kimi if name == "kimi-k2.5" else tokenizers[name]
+    texts, ascii_ids = tok._ascii_texts
+    assert len(ascii_ids) > 10_000  # the fast path covers most of the vocabulary
+    assert tok.added_ids & ascii_ids  # special tokens whose text is ASCII too
+    rng = random.Random(13)
+    pool = sorted(ascii_ids)
+    specials = sorted(tok.added_ids & ascii_ids)
+    batch = [[rng.choice(pool if rng.random() < 0.9 else specials) for _ in range(rng.randrange(0, 40))] for _ in range(2_000)]
+    batch += [[i for i in (rng.randrange(tok.vocab_size) for _ in range(12)) if i not in tok.gap_ids] for _ in range(300)]
+    assert tok.decode_batch(batch) == tok._decode_batch(batch)
+    assert sum(ascii_ids.issuperset(ids) for ids in batch) >= 2_000  # the joined path was taken
