@@ -146,3 +146,16 @@ def test_write_records_leaves_nothing_half_written(tmp_path):
         write_records(failing(), out)
     assert out.read_text() == "earlier result\n"  # a failed run keeps what was there
     assert write_records(good, out) == 3 and len(read_records(out).records) == 3
+
+
+def test_integers_past_64_bits_stay_integers_and_lines_parse_alike_whichever_parser(tmp_path):
+    from recon.io import iter_json_lines
+
+    path = tmp_path / "big.jsonl"
+    path.write_text('{"id": "a", "output_ids": [1, 2], "meta": {"big": 123456789012345678901234, "x": 1.5}}\n'
+                    '{"id": "b", "output_ids": [3], "meta": {"ok": 1234567890123456789}}\n'
+                    '{"id": "c", "output_ids": [4], "meta": {"t": true, "s": "\\u00e9\\ud83d\\ude00"}}\n')
+    objs = [obj for _, obj in iter_json_lines(path)]
+    assert objs[0]["meta"]["big"] == 123456789012345678901234 and type(objs[0]["meta"]["big"]) is int
+    assert type(objs[1]["meta"]["ok"]) is int
+    assert objs == [json.loads(line) for line in path.read_text().splitlines()]
