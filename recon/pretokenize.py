@@ -4,7 +4,7 @@ Why: BPE never merges across a pre-token, so a text's ids are its pre-tokens' id
 real text is made of few distinct pre-tokens (code repeats ``self``, ``    ``, ``(``, ``):``...)
 even when no two texts share a line. :class:`recon.wordcache.WordCache` keys its cache on them.
 
-The cut is the tokenizer's own, replayed with the ``regex`` module: the regex of every ``Split``
+The cut is the tokenizer's own, replayed with Python's ``re``: the regex of every ``Split``
 step of a ``tokenizers`` pre-tokenizer, ``Digits``, the GPT-2 regex of ``ByteLevel``, or a
 tiktoken family's pattern, applied in the same order with the same behaviour. It is used only on
 text made of :data:`ALPHABET`: on those characters the classes the patterns use (``\\p{L}``,
@@ -23,9 +23,9 @@ from typing import Callable
 
 import regex
 
-#: Tab, line feed, vertical tab, form feed, carriage return, and printable ASCII.
-ALPHABET = "\t\n\x0b\x0c\r" + "".join(map(chr, range(0x20, 0x7F)))
-_OUTSIDE = re.compile(r"[^\t-\r -~]")
+#: ASCII. The one class on which engines differ here is Python's own ``\s`` (``str.isspace``
+#: counts U+001C..U+001F); ``re`` patterns below get explicit classes, so it never decides.
+ALPHABET = "".join(map(chr, range(128)))
 
 #: The regex ``tokenizers``' ByteLevel pre-tokenizer uses when ``use_regex`` is set (GPT-2's).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -35,8 +35,9 @@ Cut = Callable[[str], "list[str] | None"]
 
 
 def plain(text: str) -> bool:
-    """Whether ``text`` is made of :data:`ALPHABET` only (the text this module cuts)."""
-    return _OUTSIDE.search(text) is None
+    """Whether ``text`` is made of :data:`ALPHABET` only (the text this module cuts); O(1): a str
+    knows whether it is ASCII."""
+    return text.isascii()
 
 
 def _anchored(pattern: str) -> bool:
