@@ -255,7 +255,9 @@ def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list
     found = list(result.errors)
     counts, table = result.counts, result.table
     if result.keys is not None:
-        keep = [seen.setdefault(path, SeenIds()).add(dataset, rid) for path, _, dataset, rid in result.keys]
+        for path in {key[0] for key in result.keys} - seen.keys():
+            seen[path] = SeenIds()
+        keep = [seen[path].add(dataset, rid) for path, _, dataset, rid in result.keys]
         if not all(keep):
             found += [duplicate_error(path, line, dataset, rid)
                       for (path, line, dataset, rid), ok in zip(result.keys, keep) if not ok]
