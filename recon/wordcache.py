@@ -92,7 +92,8 @@ class WordCache:
     tokens extracted before pre-tokenization, content -> id, one mapping per extraction pass, in
     order; ``bail`` holds contents that send a text to the native encoder (tokens whose matching
     the cut can't mirror). When the cache holds more than ``max_words``
-    words after a batch it starts over, so memory stays bounded.
+    keys after a batch it keeps only the keys that batch used, so memory stays bounded (a key
+    with its ids takes a few hundred bytes) and the common keys stay.
 
     With ``cut`` (the tokenizer's own pre-tokenizer, :mod:`recon.pretokenize`) and
     ``encode_pieces`` (the BPE model alone, no pre-tokenizer), text of the plain ASCII alphabet
@@ -107,7 +108,7 @@ class WordCache:
         lengths: Sequence[int],
         passes: Sequence[Mapping[str, int]] = (),
         bail: Iterable[str] = (),
-        max_words: int = 1 << 18,
+        max_words: int = 1 << 17,
         cut: Cut | None = None,
         encode_pieces: Callable[[list[str]], list[list[int]]] | None = None,
     ):
@@ -165,14 +166,17 @@ class WordCache:
         keyed = [None if self._bail is not None and self._bail.search(text) else self._keys(text) for text in texts]
         listed = [keys for keys in keyed if keys is not None]
         self.lookups += sum(map(len, listed))
-        missing = [w for w in set().union(*listed) if w not in words]
+        used = set().union(*listed)
+        missing = [w for w in used if w not in words]
         if missing:
             self._learn(sorted(missing))  # sorted: the same order in every process
         get = words.__getitem__
         out = [None if keys is None else list(chain.from_iterable(map(get, keys))) for keys in keyed]
-        if len(words) > self.max_words:  # full: start over (it held at most one batch more)
+        if len(words) > self.max_words:  # full: keep what this batch used (the common keys), drop the rest
+            kept = {w: words[w] for w in used} if len(used) <= self.max_words // 2 else {}
             words.clear()
             words.update(self._tokens)
+            words.update(kept)
         slow = [k for k, keys in enumerate(keyed) if keys is None]
         if slow:
             for k, ids in zip(slow, self._encode_texts([texts[k] for k in slow])):

@@ -111,3 +111,22 @@ def test_glued_words_are_cut_back_at_their_byte_boundaries(tokenizers):
     assert shares == [(w, tok.encode(w)) for w in words]
     assert tok.encode(" abc") == [43239]  # one token across where " ab" and "c" would meet:
     assert cache._cut_ids([" ab", "c"], tok.encode(" abc")) is None  # not a cut, so nothing is learned from it
+
+
+def test_a_full_cache_keeps_the_keys_its_last_batch_used(tokenizers, bundled_texts):
+    tok = tokenizers["smollm2"]
+    cache = tok._make_word_cache(True)
+    cache.max_words = 400
+    want = native(tok, bundled_texts, True)
+    sizes, shed = [], 0
+    for k in range(0, 60, 3):  # small batches: the cache fills, then sheds all but the last batch's keys
+        batch = bundled_texts[k : k + 3]
+        before = len(cache.words)
+        assert cache.encode_batch(batch) == want[k : k + 3]
+        used = {w for t in batch for w in cache._keys(t)}
+        if len(cache.words) < before:
+            shed += 1
+            assert set(cache.words) == used | set(cache._tokens)  # exactly this batch's keys stayed
+        sizes.append(len(cache.words))
+    assert shed >= 2 and max(sizes) <= 400 + 300  # it shed, more than once, and stayed bounded
+    assert cache.encode_batch(bundled_texts[:60]) == want[:60]
