@@ -93,8 +93,9 @@ class ChunkResult:
     table: object
     #: the problems of the chunk's bad records (a raw chunk's)
     errors: list[RecordError]
-    #: (path, line, dataset, id) of each record audited, for the reader to find duplicate ids (a raw chunk's)
-    keys: list[tuple[str, int, str, str]] | None = None
+    #: (path, line, dataset, id, 64-bit key) of each record audited, for the reader to find
+    #: duplicate ids (a raw chunk's)
+    keys: list[tuple[str, int, str, str, int]] | None = None
 
 
 @contextmanager
@@ -124,7 +125,7 @@ def _audit_chunk_counted(args: tuple, output: str | None, chunk: "Sequence[Recor
     keys = None
     if isinstance(chunk, RawChunk):
         records, errors = chunk.parse()
-        keys = [(*r.origin, r.dataset, r.id) for r in records]
+        keys = [(*r.origin, r.dataset, r.id, SeenIds.key(r.dataset, r.id)) for r in records]
     else:
         records = chunk
     exporting = output not in (None, "rows")
@@ -255,12 +256,17 @@ def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list
     found = list(result.errors)
     counts, table = result.counts, result.table
     if result.keys is not None:
-        for path in {key[0] for key in result.keys} - seen.keys():
-            seen[path] = SeenIds()
-        keep = [seen[path].add(dataset, rid) for path, _, dataset, rid in result.keys]
+        keep = []
+        for path in dict.fromkeys(key[0] for key in result.keys):  # a chunk may span files: each has its own ids
+            if path not in seen:
+                seen[path] = SeenIds()
+            ids = seen[path]
+            mine = [k for k, key in enumerate(result.keys) if key[0] == path]
+            keep += zip(mine, ids.add_keys([result.keys[k][4] for k in mine]))
+        keep = [ok for _, ok in sorted(keep)]
         if not all(keep):
             found += [duplicate_error(path, line, dataset, rid)
-                      for (path, line, dataset, rid), ok in zip(result.keys, keep) if not ok]
+                      for (path, line, dataset, rid, _), ok in zip(result.keys, keep) if not ok]
             counts = [c for c, ok in zip(counts, keep) if ok]
             if table is not None:
                 import pyarrow as pa

@@ -294,24 +294,33 @@ class SeenIds:
         self._recent: set[int] = set()
 
     @staticmethod
-    def _key(dataset: str, rid: str) -> int:
+    def key(dataset: str, rid: str) -> int:
+        """The 64-bit key of a record's (dataset, id); the audit's workers compute these."""
         digest = hashlib.blake2b(f"{dataset}\x00{rid}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little", signed=True)
 
     def add(self, dataset: str, rid: str) -> bool:
         """Record the key; False if it was there already."""
-        key = self._key(dataset, rid)
-        if key in self._recent:
-            return False
+        return self.add_keys([self.key(dataset, rid)])[0]
+
+    def add_keys(self, keys: list[int]) -> list[bool]:
+        """Record many keys (from :meth:`key`), in order; False for each one seen before (earlier
+        in ``keys`` too). One array look-up for the whole list."""
+        np = self._np
         arr = self._sorted
-        k = int(self._np.searchsorted(arr, key))
-        if k < len(arr) and arr[k] == key:
-            return False
-        self._recent.add(key)
-        if len(self._recent) >= self.FLUSH:
-            self._sorted = self._merged(arr, self._recent)
-            self._recent.clear()
-        return True
+        at = np.searchsorted(arr, np.array(keys, dtype=np.int64)) if len(arr) else None
+        old = (arr[np.minimum(at, len(arr) - 1)] == keys).tolist() if at is not None else [False] * len(keys)
+        out = []
+        recent = self._recent
+        for key, before in zip(keys, old):
+            fresh = not before and key not in recent
+            if fresh:
+                recent.add(key)
+            out.append(fresh)
+        if len(recent) >= self.FLUSH:
+            self._sorted = self._merged(arr, recent)
+            recent.clear()
+        return out
 
     def _merged(self, arr, recent: set[int]):
         """``arr`` with ``recent`` merged in, allocating only the result (``union1d`` makes three copies)."""

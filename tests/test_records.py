@@ -130,6 +130,18 @@ def test_seen_ids_stay_exact_across_flushes():
     assert len(seen._sorted) == 5000 and (seen._sorted[1:] > seen._sorted[:-1]).all()  # merged, sorted, no key lost
 
 
+def test_seen_ids_in_bulk_agree_with_one_at_a_time():
+    from recon.records import SeenIds
+
+    names = [str(k % 3000) for k in range(7000)]  # repeats within a batch and across batches
+    one, bulk = SeenIds(), SeenIds()
+    one.FLUSH = bulk.FLUSH = 1000
+    singles = [one.add("d", name) for name in names]
+    batched = [ok for start in range(0, len(names), 900)
+               for ok in bulk.add_keys([SeenIds.key("d", name) for name in names[start : start + 900]])]
+    assert batched == singles and sum(batched) == 3000
+
+
 def test_write_records_leaves_nothing_half_written(tmp_path):
     good = read_records(DATA_FILE).records[:3]
 
