@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from itertools import accumulate, chain, compress
+from itertools import accumulate, chain, compress, groupby
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .pretokenize import ALPHABET, Cut, plain
@@ -158,15 +158,17 @@ class WordCache:
             return split_words(text)
         if plain(text):
             return cut(text)
+        # words meet at pre-token boundaries where matching starts afresh, so a run of plain words
+        # is cut as one text (and cut alike as word by word); the other words stay whole
         keys: list[str] = []
-        for word in split_words(text):  # words are cut apart at a pre-token boundary: cut each alone
-            if plain(word):
-                pieces = cut(word)
-                if pieces is None:
-                    return None
-                keys += pieces
-            else:
-                keys.append(word)
+        for is_plain, words in groupby(split_words(text), key=plain):
+            if not is_plain:
+                keys += words
+                continue
+            pieces = cut("".join(words))
+            if pieces is None:
+                return None
+            keys += pieces
         return keys
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
