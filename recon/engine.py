@@ -70,10 +70,7 @@ def _bound(tokenizer: str, family: str | None, profile: str) -> BoundProfile:
     """One tokenizer and profile per process: a Dask worker loads them once."""
     from .loading import load_tokenizer
 
-    bound = load_profile(profile).bind(load_tokenizer(tokenizer, family=family))
-    bound.tok.word_cache(True)  # built here, before workers fork, not once in each
-    bound.tok._ascii_texts
-    return bound
+    return load_profile(profile).bind(load_tokenizer(tokenizer, family=family).prepare())  # before workers fork
 
 
 def audit_chunk(tokenizer: str, family: str | None, profile: str, method: str, mode: str,

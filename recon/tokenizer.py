@@ -85,6 +85,14 @@ class Tokenizer(ABC):
     def _make_word_cache(self, allow_special: bool) -> WordCache | None:
         return None
 
+    def prepare(self) -> "Tokenizer":
+        """Build now the tables batch calls build on first use (the word cache, the decode table,
+        byte lengths): a process that forks workers calls this first, so they share one copy."""
+        self.word_cache(True)
+        self._ascii_texts
+        self.length_array
+        return self
+
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text for ``ids``: special tokens kept, invalid UTF-8 replaced by U+FFFD."""
