@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -463,16 +463,17 @@ def _gguf_cache_write(path: Path, core, added: list[AddedToken], roles: dict[str
         return
     data = {"source": str(path), "tokenizer": core.to_str(),
             "added": [[t.id, t.content, t.special] for t in added], "roles": roles}
+    partial = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".partial", delete=False, encoding="utf-8") as f:
+            partial = f.name  # written beside the entry and moved into place: a reader never sees half of it
             json.dump(data, f, ensure_ascii=False)
-        os.replace(f.name, entry)
+        os.replace(partial, entry)
     except OSError:
-        try:
-            os.unlink(f.name)
-        except (OSError, UnboundLocalError):
-            pass
+        if partial is not None:
+            with suppress(OSError):
+                os.unlink(partial)
 
 
 def _build_gguf(path: Path):
