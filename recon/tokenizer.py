@@ -101,12 +101,16 @@ class Tokenizer(ABC):
         """``[decode(ids) for ids in batch]``. A sequence of ASCII tokens (most of code and English)
         is joined from a table of their texts, checked one by one against the native decode;
         the rest go to the native core in one batch."""
-        table = self._ascii_texts
-        if table is None:
+        texts = self._ascii_texts
+        if texts is None:
             return self._decode_batch(batch)
-        texts, ascii_ids = table
-        get = texts.__getitem__
-        out = ["".join(map(get, ids)) if ascii_ids.issuperset(ids) else None for ids in batch]
+        join, get = "".join, texts.__getitem__
+        out: list[str | None] = []
+        for ids in batch:
+            try:  # any other token is None in the table (a negative id too), and join refuses it
+                out.append(join(map(get, ids)))
+            except (TypeError, IndexError):
+                out.append(None)
         slow = [k for k, text in enumerate(out) if text is None]
         if slow:
             for k, text in zip(slow, self._decode_batch([batch[k] for k in slow])):
@@ -121,15 +125,18 @@ class Tokenizer(ABC):
     _joins_bytes = False
 
     @cached_property
-    def _ascii_texts(self) -> tuple[list[str | None], frozenset[int]] | None:
-        """(text of each token whose bytes are ASCII, else None; the ids whose native decode, alone,
-        is exactly that text), or None where decoding is not a join of token bytes."""
+    def _ascii_texts(self) -> list[str | None] | None:
+        """The text of each token whose bytes are ASCII and whose native decode, alone, is exactly
+        that text, else None; or None where decoding is not a join of token bytes. As many Nones
+        follow, so that a negative id (``texts[-1]`` is the last entry) finds None too."""
         if not self._joins_bytes:
             return None
         texts = [data.decode("ascii") if data and data.isascii() else None for data in self.token_bytes]
         ids = [i for i, text in enumerate(texts) if text is not None]
-        native = self._decode_batch([[i] for i in ids])
-        return texts, frozenset(i for i, text in zip(ids, native) if text == texts[i])
+        for i, native in zip(ids, self._decode_batch([[i] for i in ids])):
+            if native != texts[i]:
+                texts[i] = None
+        return texts + [None] * len(texts)
 
     # -- vocabulary ------------------------------------------------------------------------
     @property
@@ -316,6 +323,9 @@ class HFTokenizer(Tokenizer):
         piece = self._core.id_to_token(token_id)
         if piece is None:
             raise KeyError(f"id {token_id} is not in the vocabulary of {self.name}")
+        return self._piece_bytes(token_id, piece)
+
+    def _piece_bytes(self, token_id: int, piece: str) -> bytes:
         added = self.added_by_content.get(piece)
         if added is not None and added.id == token_id:
             return piece.encode("utf-8")

@@ -281,7 +281,9 @@ def test_a_cache_folder_that_cannot_be_written_is_no_error(tmp_path, monkeypatch
 @pytest.mark.parametrize("name", ["smollm2", "deepseek-v4", "qwen3.6", "cl100k", "kimi-k2.5"])
 def test_batch_decode_joins_ascii_tokens_exactly_as_the_native_decode(name, tokenizers, kimi):
     tok = kimi if name == "kimi-k2.5" else tokenizers[name]
-    texts, ascii_ids = tok._ascii_texts
+    texts = tok._ascii_texts
+    ascii_ids = frozenset(i for i, text in enumerate(texts[: tok.vocab_size]) if text is not None)
+    assert texts[tok.vocab_size :] == [None] * tok.vocab_size  # a negative id is no token
     assert len(ascii_ids) > 10_000  # the fast path covers most of the vocabulary
     assert tok.added_ids & ascii_ids  # special tokens whose text is ASCII too
     rng = random.Random(13)
