@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from itertools import accumulate, chain, compress, groupby
+from itertools import accumulate, chain, compress, count, groupby, repeat
+from operator import is_
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .pretokenize import ALPHABET, Cut, plain
@@ -174,15 +175,25 @@ class WordCache:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         words = self.words
         keyed = [None if self._bail is not None and self._bail.search(text) else self._keys(text) for text in texts]
-        listed = [keys for keys in keyed if keys is not None]
-        self.lookups += sum(map(len, listed))
-        used = set().union(*listed)
-        missing = [w for w in used if w not in words]
-        if missing:
-            self._learn(sorted(missing))  # sorted: the same order in every process
-        get = words.__getitem__
-        out = [None if keys is None else list(chain.from_iterable(map(get, keys))) for keys in keyed]
+        # every key of the batch looked up in one pass, and the misses found in another, at C speed
+        keys = list(chain.from_iterable(keys for keys in keyed if keys is not None))
+        self.lookups += len(keys)
+        found = list(map(words.get, keys))
+        gaps = list(compress(count(), map(is_, found, repeat(None))))
+        if gaps:
+            self._learn(sorted(set(map(keys.__getitem__, gaps))))  # sorted: the same order in every process
+            for k in gaps:
+                found[k] = words[keys[k]]
+        out: list[list[int] | None] = []
+        at = 0
+        for text_keys in keyed:
+            if text_keys is None:
+                out.append(None)
+            else:
+                out.append(list(chain.from_iterable(found[at : at + len(text_keys)])))
+                at += len(text_keys)
         if len(words) > self.max_words:  # full: keep what this batch used (the common keys), drop the rest
+            used = set(keys)
             kept = {w: words[w] for w in used} if len(used) <= self.max_words // 2 else {}
             words.clear()
             words.update(self._tokens)
