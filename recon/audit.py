@@ -21,7 +21,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-from itertools import accumulate, chain
+from itertools import accumulate, chain, compress, count
+from operator import ne
 from typing import TYPE_CHECKING, AbstractSet, Iterable, Sequence
 
 from .profiles import REGIONS, BoundProfile, ParseOptions
@@ -192,8 +193,31 @@ def _resegmented(tok, truth: Sequence[int], recon: Sequence[int]) -> list[tuple[
     return out
 
 
+def _shared_ends(a: Sequence[int], b: Sequence[int]) -> tuple[int, int]:
+    """How many ids ``a`` and ``b`` share at the start, and then at the end (the two never overlap),
+    found at C speed: ``map`` compares until the first difference."""
+    short = min(len(a), len(b))
+    head = next(compress(count(), map(ne, a, b)), short)
+    tail = next(compress(count(), map(ne, reversed(a), reversed(b))), short)
+    return head, min(tail, short - head)
+
+
 def _resegmented_batch(tok, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[tuple[int, int, int, int]] | None]:
     """:func:`_resegmented` for many (truth, recon) pairs at once, or None for a pair whose bytes differ.
+
+    Ids both sides share at the start and the end spell the same bytes and cut them alike, so
+    only what lies between is analysed (a re-segmentation is a few tokens of a long sample), and
+    the stretches found there are shifted back. Pairs hold ids of the vocabulary: no token spells
+    nothing, so the shared ends can't hide an empty one."""
+    ends = [_shared_ends(t, r) for t, r in pairs]
+    middles = [(t[head : len(t) - tail], r[head : len(r) - tail]) for (t, r), (head, tail) in zip(pairs, ends)]
+    found = _resegmented_middles(tok, middles)
+    return [None if stretches is None else [(i1 + head, i2 + head, j1 + head, j2 + head) for i1, i2, j1, j2 in stretches]
+            for stretches, (head, _) in zip(found, ends)]
+
+
+def _resegmented_middles(tok, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[tuple[int, int, int, int]] | None]:
+    """:func:`_resegmented_batch` on the pairs whole.
 
     The pairs are laid end to end, so every pair's byte offsets are one increasing array per side
     and the boundaries both sides share come from one ``numpy.intersect1d``. Between two shared
@@ -377,8 +401,9 @@ def _row(record: Record, mode: str, method: str, status: str, **kw) -> dict:
 
 
 def compare(bound: BoundProfile, record: Record, mode: str, view: Response | None, rec: Reconstruction,
-            resegmented: list[tuple[int, int, int, int]] | None = None) -> dict:
-    """One audit row for a record and its reconstruction (``resegmented``: see :func:`classify`)."""
+            resegmented: list[tuple[int, int, int, int]] | None = None, same: bool | None = None) -> dict:
+    """One audit row for a record and its reconstruction (``resegmented``: see :func:`classify`;
+    ``same``: whether the reconstruction's ids are the record's, when the caller compared them)."""
     tok = bound.tok
     truth = record.output_ids
     if rec.error is not None or rec.ids is None:
@@ -387,7 +412,7 @@ def compare(bound: BoundProfile, record: Record, mode: str, view: Response | Non
     if mode == "reconstruct-only" or truth is None:
         return _row(record, mode, rec.method, "unverified", len_recon=len(rec.ids), flags=_flags(bound, view))
     base = dict(len_truth=len(truth), len_recon=len(rec.ids), last_id=truth[-1] if truth else None)
-    if rec.ids == truth:
+    if same if same is not None else rec.ids == truth:
         return _row(record, mode, rec.method, "exact", **base)
     found = classify(bound, truth, rec.ids, resegmented)
     first = found[0]
@@ -484,16 +509,17 @@ def audit_rows(
     results = reconstruct_batch(views, bound, method) if views else []
     recon_ids: list = [None] * len(records)
     # mismatches that only re-segment the same bytes are located for the whole batch at once
-    differ = [v for v, (k, rec) in enumerate(zip(slots, results)) if rec.ids is not None and rec.error is None
-              and modes[k] != "reconstruct-only" and records[k].output_ids is not None and rec.ids != records[k].output_ids]
+    same = [rec.ids is not None and rec.ids == records[k].output_ids for k, rec in zip(slots, results)]
+    differ = [v for v, (k, rec) in enumerate(zip(slots, results)) if not same[v] and rec.ids is not None and rec.error is None
+              and modes[k] != "reconstruct-only" and records[k].output_ids is not None]
     stretches: list = [None] * len(results)
     if differ:
         for v, found in zip(differ, _resegmented_batch(tok, [(records[slots[v]].output_ids, results[v].ids) for v in differ])):
             stretches[v] = found
-    for k, view, rec, found in zip(slots, views, results, stretches):
+    for k, view, rec, found, agree in zip(slots, views, results, stretches, same):
         recon_ids[k] = rec.ids
         try:
-            rows[k] = compare(bound, records[k], modes[k], view, rec, found)
+            rows[k] = compare(bound, records[k], modes[k], view, rec, found, agree)
         except Exception as e:  # noqa: BLE001
             rows[k] = _row(records[k], modes[k], rec.method, "error", error=f"{type(e).__name__}: {e}")
     if keep_ids:
