@@ -506,7 +506,7 @@ def audit_rows(
     if to_parse:
         for v, view in zip(to_parse, bound.parse_ids_batch([records[slots[v]].output_ids for v in to_parse], options)):
             views[v] = view
-    results = reconstruct_batch(views, bound, method) if views else []
+    results = reconstruct_batch(views, bound, method, guesses=[records[k].output_ids for k in slots]) if views else []
     recon_ids: list = [None] * len(records)
     # mismatches that only re-segment the same bytes are located for the whole batch at once
     same = [rec.ids is not None and rec.ids == records[k].output_ids for k, rec in zip(slots, results)]

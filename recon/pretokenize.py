@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Callable
 
 import regex
@@ -241,3 +242,84 @@ def for_tiktoken(pattern: str) -> Cut | None:
         return isolated(pattern.replace(r"\s++$", r"\s++\Z"), keep_gaps=False)
     except regex.error:
         return None
+
+
+# -- boundaries between two tokens ----------------------------------------------------------------
+#: Classes of ASCII characters for :func:`boundary_rules` (0: a character outside them, or none).
+LETTER, DIGIT, SPACE, OTHER_SPACE, APOSTROPHE, OTHER = range(1, 7)
+CLASSES = 7
+
+
+def ascii_classes() -> list[int]:
+    """The class of each ASCII character as the patterns see it (``regex``'s ``\\p{L}``,
+    ``\\p{N}`` and ``\\s``, which agree with the native engines on ASCII: see the module)."""
+    out = []
+    for ch in ALPHABET:
+        if regex.match(r"\p{L}", ch):
+            out.append(LETTER)
+        elif regex.match(r"\p{N}", ch):
+            out.append(DIGIT)
+        elif ch == " ":
+            out.append(SPACE)
+        elif regex.match(r"\s", ch):
+            out.append(OTHER_SPACE)
+        elif ch == "'":
+            out.append(APOSTROPHE)
+        else:
+            out.append(OTHER)
+    return out
+
+
+@dataclass(frozen=True)
+class Boundaries:
+    """Where a pre-tokenizer always starts a fresh pre-token between two ASCII characters, and
+    pre-tokenizes the text on either side as it would alone, whatever surrounds them."""
+
+    #: ``pairs[x][y]``: between a character of class x and one of class y (:data:`CLASSES`)
+    pairs: list[list[bool]]
+    #: after whitespace, before a space followed by a character of one of these classes
+    space_then: frozenset[int] = frozenset()
+
+
+def _digits_then_gpt2() -> Boundaries:
+    r"""Where ``Digits(individual_digits=True)`` then GPT-2's regex always starts a fresh pre-token.
+
+    Between characters x and y, whatever text surrounds them, when:
+
+    * x or y is a digit: the Digits step cuts around every digit before the regex runs;
+    * x is a letter and y is not: no match runs from a letter into anything but a letter;
+    * x is punctuation other than ``'`` and y a letter (`` ?[^\s\p{L}\p{N}]+`` stops there;
+      after ``'`` a contraction may follow);
+    * x is not whitespace and y is: only whitespace matches hold whitespace after their start;
+    * x is whitespace, y a space and the character after y a letter or punctuation: the run of
+      whitespace gives its last space back to the word (``\s+(?!\S)``), and alone, at the end
+      of a text, the run is matched whole: the same pre-tokens.
+
+    And the matching of the text before the cut is the same with or without the text after: a
+    match that ends at x is a letter, digit, punctuation or contraction match, none of which looks
+    ahead, or the whitespace run of the last rule. Other cuts after whitespace depend on what
+    follows the run, so they are never made."""
+    pairs = [[False] * CLASSES for _ in range(CLASSES)]
+    known = range(1, CLASSES)
+    for x in known:
+        for y in known:
+            pairs[x][y] = (
+                DIGIT in (x, y)
+                or (x == LETTER and y != LETTER)
+                or (x == OTHER and y == LETTER)
+                or (x not in (SPACE, OTHER_SPACE) and y in (SPACE, OTHER_SPACE))
+            )
+    return Boundaries(pairs, frozenset({LETTER, APOSTROPHE, OTHER}))
+
+
+def boundary_rules(core) -> Boundaries | None:
+    """The :class:`Boundaries` of a ``tokenizers.Tokenizer``'s pre-tokenizer, or None for one with
+    no rules here (only ``Digits`` then GPT-2's ``ByteLevel``, SmolLM2's, so far: each table is
+    derived by hand and checked against the native pre-tokenizer by the tests)."""
+    if core.pre_tokenizer is None:
+        return None
+    try:
+        patterns = _hf_patterns(json.loads(core.pre_tokenizer.__getstate__()))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return _digits_then_gpt2() if patterns == ["[0-9]", GPT2_PATTERN] else None

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Sequence
 
 from .bytelevel import bytes_to_piece, piece_to_bytes
+from .canonical import CanonicalCheck
 from .families import FAMILIES, TiktokenFamily
-from .pretokenize import for_huggingface, for_tiktoken
+from .pretokenize import Boundaries, boundary_rules, for_huggingface, for_tiktoken
 from .wordcache import WordCache
 
 
@@ -59,12 +60,40 @@ class Tokenizer(ABC):
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
         """Ids for ``text``; with ``allow_special`` the text of added tokens becomes their ids."""
 
-    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
-        """``[encode(t) for t in texts]``, through the tokenizer's word cache where it has one."""
+    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True,
+                     guesses: Sequence[Sequence[int] | None] | None = None) -> list[list[int]]:
+        """``[encode(t) for t in texts]``, through the tokenizer's word cache where it has one.
+
+        ``guesses``: ids expected to be each text's encoding (None where there is no guess), as
+        an audit expects a sample's text to encode back to its ids. A guess that spells the text
+        and is its encoding, which is decided on the ids (:mod:`recon.canonical`), comes back
+        (copied) without the text being encoded; the result is the same either way."""
         cache = self.word_cache(allow_special)
-        if cache is not None:
+        if cache is None:
+            return self._encode_batch(texts, allow_special)
+        check = self.canonical_check() if guesses is not None and allow_special else None
+        if check is None:
             return cache.encode_batch(texts)
-        return self._encode_batch(texts, allow_special)
+        confirmed = check.confirm(texts, guesses)
+        out = [list(guess) if ok else None for guess, ok in zip(guesses, confirmed)]  # type: ignore[arg-type]
+        rest = [k for k, ok in enumerate(confirmed) if not ok]
+        for k, ids in zip(rest, cache.encode_batch([texts[k] for k in rest])):
+            out[k] = ids
+        return out  # type: ignore[return-value]
+
+    def canonical_check(self) -> CanonicalCheck | None:
+        """The :class:`~recon.canonical.CanonicalCheck` behind ``encode_batch(..., guesses=)``,
+        or None where this tokenizer has no boundary rules (or no word cache, or no decode table)."""
+        if "_canonical" not in self.__dict__:
+            rules = self._boundary_rules()
+            cache = self.word_cache(True) if rules is not None else None
+            texts = self._ascii_texts if cache is not None else None
+            self._canonical = (CanonicalCheck(cache, texts, self.vocab_size, rules, self.added_ids)  # type: ignore[arg-type]
+                               if texts is not None else None)
+        return self._canonical
+
+    def _boundary_rules(self) -> Boundaries | None:
+        return None
 
     def _encode_batch(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:
         """The native core's batch encode (what the word cache falls back to)."""
@@ -91,6 +120,7 @@ class Tokenizer(ABC):
         self.word_cache(True)
         self._ascii_texts
         self.length_array
+        self.canonical_check()
         return self
 
     @abstractmethod
@@ -278,6 +308,9 @@ class HFTokenizer(Tokenizer):
         return WordCache(lambda texts: self._encode_batch(texts, allow_special), self.token_lengths, passes, bail,
                          cut=cut, encode_pieces=self._bpe_batch if cut is not None else None)
 
+    def _boundary_rules(self) -> Boundaries | None:
+        return boundary_rules(self._core) if _word_cacheable(self._core) else None
+
     def _bpe_batch(self, pieces: list[str]) -> list[list[int]]:
         """The BPE model alone on each piece (no normalizer, pre-tokenizer or added tokens): what
         the native encoder runs on each pre-token. Pieces go in as pre-tokenized words, a
@@ -431,7 +464,9 @@ class TiktokenTokenizer(Tokenizer):
             return self._encode_one(slices[0], allow_special)
         return [i for s in slices for i in self._encode_one(s, allow_special)]
 
-    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True,
+                     guesses: Sequence[Sequence[int] | None] | None = None) -> list[list[int]]:
+        # ``guesses`` go unused: no boundary rules for tiktoken patterns yet (canonical_check is None)
         slices = [self._slices(t) for t in texts]
         flat = [s for group in slices for s in group]
         cache = self.word_cache(allow_special)

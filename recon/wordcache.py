@@ -152,6 +152,22 @@ class WordCache:
                 keys += words
         return keys
 
+    def added_spans(self, text: str) -> list[tuple[int, int]] | None:
+        """(offset, id) of each added token the encoder extracts from ``text``, in order (offsets
+        in characters); None if the text holds an added token the cache sends to the native
+        encoder (:meth:`_keys`' cut, without cutting the rest)."""
+        if self._bail is not None and self._bail.search(text):
+            return None
+        segments = [text]
+        for pattern, _ in self._passes:
+            segments = [s for seg in segments for s in (pattern.split(seg) if seg not in self._tokens else [seg])]
+        spans, at = [], 0
+        for s in segments:
+            if s in self._tokens:
+                spans.append((at, self._tokens[s][0]))
+            at += len(s)
+        return spans
+
     def _words(self, text: str) -> list[str] | None:
         """Text with no added token in it, cut into keys."""
         cut = self._cut

@@ -1,0 +1,162 @@
+"""Whether ids are the tokenizer's own encoding of the text they spell, decided on the ids.
+
+Why: an audit asks of every sample whether the ids are what the tokenizer makes of their text,
+and most samples say yes. Finding out by encoding the text cuts it into pre-tokens and looks each
+one up (:mod:`recon.wordcache`), a few hundred Python operations per sample. Here the ids are cut
+instead, with NumPy, between two tokens where the pre-tokenizer starts a fresh pre-token
+whatever text surrounds them (:func:`recon.pretokenize.boundary_rules`: after a letter, around a
+digit, before whitespace...). Each stretch between two cuts is then checked once in the life of
+the process: a single token against a table over the vocabulary, two to a few tokens as one
+integer in a set. Only stretches never seen before are spelled out and encoded.
+
+Exact: encoding a text extracts its added tokens, pre-tokenizes the text between them and encodes
+each pre-token alone. A cut that is a pre-token boundary whatever surrounds it (and pre-tokenizes
+each side as it would alone) splits that work into independent parts, so the ids are the text's
+encoding iff the added tokens are extracted exactly where the ids hold them and every stretch
+between two cuts is the encoding of its own text.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Sequence
+
+import numpy as np
+
+from .pretokenize import OTHER_SPACE, SPACE, Boundaries, ascii_classes
+from .wordcache import WordCache
+
+
+class CanonicalCheck:
+    """Token-space check for one tokenizer (with ``allow_special``: added tokens' text is theirs).
+
+    ``texts[id]`` is the text of each token whose native decode is its ASCII bytes, else None
+    (:attr:`recon.tokenizer.Tokenizer._ascii_texts`; ids that are None never pass); ``rules``
+    the pre-tokenizer's boundary table; ``cache`` the word cache that encodes stretches never seen.
+    Learned stretches are kept up to ``max_runs``; then only the last batch's."""
+
+    def __init__(self, cache: WordCache, texts: Sequence[str | None], vocab_size: int,
+                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 18):
+        self._cache = cache
+        self._texts = texts
+        classes = ascii_classes()
+        first, second, last = (np.zeros(vocab_size, np.int8) for _ in range(3))
+        for i, text in enumerate(texts[:vocab_size]):
+            if text:
+                first[i], last[i] = classes[ord(text[0])], classes[ord(text[-1])]
+                if len(text) > 1:
+                    second[i] = classes[ord(text[1])]
+        self._first, self._last = first, last
+        self._rules = np.array(rules.pairs, dtype=bool)
+        #: per id: the token ends with whitespace; it starts with a space the rules let a fresh
+        #: pre-token start with after whitespace
+        self._ends_space = np.isin(last, [SPACE, OTHER_SPACE])
+        self._space_word = (first == SPACE) & np.isin(second, sorted(rules.space_then))
+        self._added = np.zeros(vocab_size, dtype=bool)
+        self._added[list(added_ids)] = True
+        self._lengths = np.array([len(t) if t else 0 for t in texts[:vocab_size]], dtype=np.int64)
+        #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
+        self._single = np.full(vocab_size, -1, dtype=np.int8)
+        #: a stretch of 2.._pack tokens packed into one int: ``_bits`` bits per id + 1
+        self._bits = max(1, vocab_size.bit_length())
+        self._pack = 64 // self._bits
+        self._runs: set[int] = set()  # packed stretches known to be their text's encoding
+        self._long: set[tuple[int, ...]] = set()  # longer ones, as tuples
+        self.max_runs = max_runs
+
+    def confirm(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None]) -> list[bool]:
+        """For each text, whether its guess is exactly its encoding (False where unsure: the
+        caller encodes those)."""
+        out = [False] * len(texts)
+        join, get = "".join, self._texts.__getitem__
+        spelled: list[int] = []  # texts their guess decodes to, all tokens in the ASCII table
+        for k, (text, ids) in enumerate(zip(texts, guesses)):
+            if ids is None or not len(ids):
+                continue
+            try:
+                if join(map(get, ids)) == text:
+                    spelled.append(k)
+            except (TypeError, IndexError):
+                continue
+        if not spelled:
+            return out
+        counts = np.fromiter(map(len, (guesses[k] for k in spelled)), np.int64, len(spelled))
+        flat = np.fromiter(chain.from_iterable(guesses[k] for k in spelled), np.int64, int(counts.sum()))
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        added = self._added[flat]
+        extracted = self._added_where_held(texts, spelled, flat, starts, added)
+        # a stretch starts at each sample's first token, around every added token, and at every
+        # boundary the rules make certain
+        cut = np.zeros(len(flat), dtype=bool)
+        cut[starts] = True
+        left, right = flat[:-1], flat[1:]
+        cut[1:] |= (self._rules[self._last[left], self._first[right]] | added[:-1] | added[1:]
+                    | (self._ends_space[left] & self._space_word[right]))
+        first = np.flatnonzero(cut)
+        size = np.diff(np.append(first, len(flat)))
+        good = self._stretches_known(flat, first, size, added)
+        whole = np.logical_and.reduceat(good, np.searchsorted(first, starts)) & extracted
+        for k, ok in zip(spelled, whole.tolist()):
+            out[k] = ok
+        if len(self._runs) + len(self._long) > self.max_runs:  # full: start again
+            self._runs.clear()
+            self._long.clear()
+        return out
+
+    def _added_where_held(self, texts, spelled: list[int], flat, starts, added) -> np.ndarray:
+        """Per sample: whether the encoder extracts from its text exactly the added tokens its ids
+        hold, at the same offsets (text that spells an added token with ordinary ones, or an added
+        token the encoder would not extract, fails)."""
+        ends = np.cumsum(self._lengths[flat])
+        at = np.flatnonzero(added)
+        sample = np.searchsorted(starts, at, side="right") - 1
+        base = np.concatenate(([0], ends))[starts]  # each sample's first byte, laid end to end
+        offsets = (ends[at] - self._lengths[flat[at]] - base[sample]).tolist()
+        held: list[list[tuple[int, int]]] = [[] for _ in spelled]
+        for s, offset, token_id in zip(sample.tolist(), offsets, flat[at].tolist()):
+            held[s].append((offset, token_id))
+        return np.fromiter((self._cache.added_spans(texts[k]) == spans for k, spans in zip(spelled, held)),
+                           dtype=bool, count=len(spelled))
+
+    def _stretches_known(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray, added: np.ndarray) -> np.ndarray:
+        """Per stretch (``size[s]`` tokens from ``flat[first[s]]``): whether it is its own text's
+        encoding. Stretches not seen before are learned together, in one batch encode."""
+        good = np.ones(len(first), dtype=bool)  # an added token alone: extracted where it should be
+        lone = np.flatnonzero((size == 1) & ~added[first])
+        packed = np.flatnonzero((size > 1) & (size <= self._pack))
+        long = np.flatnonzero(size > self._pack)
+        lone_ids = flat[first[lone]]
+        keys = self._packed(flat, first[packed], size[packed]).tolist()
+        tuples = [tuple(flat[first[s] : first[s] + size[s]].tolist()) for s in long.tolist()]
+        unknown: dict[object, list[int]] = {}  # stretch key -> its ids, to learn
+        for i in np.unique(lone_ids[self._single[lone_ids] < 0]).tolist():
+            unknown[i] = [i]
+        runs, longs = self._runs, self._long
+        for k in np.flatnonzero(~np.fromiter(map(runs.__contains__, keys), bool, len(keys))).tolist():
+            s = packed[k]
+            unknown.setdefault(keys[k], flat[first[s] : first[s] + size[s]].tolist())
+        for t in tuples:
+            if t not in longs:
+                unknown.setdefault(t, list(t))
+        if unknown:
+            get = self._texts.__getitem__
+            stretches = list(unknown.values())
+            encoded = self._cache.encode_batch(["".join(map(get, ids)) for ids in stretches])
+            for key, ids, got in zip(unknown, stretches, encoded):
+                ok = got == ids
+                if len(ids) == 1:
+                    self._single[ids[0]] = ok
+                elif ok:
+                    (longs if type(key) is tuple else runs).add(key)  # type: ignore[arg-type]
+        good[lone] = self._single[lone_ids] == 1
+        good[packed] = np.fromiter(map(runs.__contains__, keys), bool, len(keys))
+        good[long] = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
+        return good
+
+    def _packed(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Each stretch of at most ``_pack`` tokens as one integer: id + 1 in each ``_bits`` bits."""
+        keys = np.zeros(len(first), dtype=np.uint64)
+        for j in range(int(size.max()) if len(size) else 0):
+            inside = size > j
+            keys[inside] |= (flat[first[inside] + j] + 1).astype(np.uint64) << np.uint64(self._bits * j)
+        return keys

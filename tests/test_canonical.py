@@ -1,0 +1,148 @@
+"""The token-space check (recon.canonical) says "these ids are the text's encoding" exactly when
+the native encoder agrees, and its boundary rules are the native pre-tokenizer's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import recon
+from recon.bytelevel import piece_to_bytes
+from recon.pretokenize import ALPHABET, OTHER_SPACE, SPACE, ascii_classes, boundary_rules
+
+from .test_pretokenize import MIXED, PLAIN, SETTINGS, TOKEN
+
+CLASSES = ascii_classes()
+
+
+@pytest.fixture(scope="module")
+def smollm2(tokenizers):
+    return tokenizers["smollm2"]
+
+
+def pre_tokens(core, text: str) -> list[str]:
+    return [piece_to_bytes(p).decode() for p, _ in core.pre_tokenizer.pre_tokenize_str(text)]
+
+
+def cut_between(rules, left: str, right: str) -> bool:
+    x, y = CLASSES[ord(left[-1])], CLASSES[ord(right[0])]
+    if rules.pairs[x][y]:
+        return True
+    return x in (SPACE, OTHER_SPACE) and y == SPACE and len(right) > 1 and CLASSES[ord(right[1])] in rules.space_then
+
+
+SIDE = st.one_of(PLAIN, st.lists(TOKEN, max_size=4).map("".join), st.text(ALPHABET, max_size=6))
+
+
+@SETTINGS
+@given(left=SIDE, x=st.sampled_from(ALPHABET), y=st.sampled_from(ALPHABET), right=SIDE)
+def test_every_cut_the_rules_make_is_the_native_pre_tokenizers_whatever_surrounds_it(smollm2, left, x, y, right):
+    rules = boundary_rules(smollm2.core)
+    left, right = left + x, y + right
+    if cut_between(rules, left, right):
+        assert pre_tokens(smollm2.core, left + right) == pre_tokens(smollm2.core, left) + pre_tokens(smollm2.core, right)
+
+
+def test_the_rules_hold_for_every_pair_of_characters_in_many_contexts(smollm2):
+    """Every (x, y) the rules cut between, 40 random contexts each, and the whitespace-then-word
+    rule for every character it allows."""
+    rules, rng = boundary_rules(smollm2.core), random.Random(7)
+    pool = ALPHABET + "  \n\n\t aeiou'st01 (),."
+    cuts = 0
+    for x in ALPHABET:
+        for y in ALPHABET:
+            for _ in range(40):
+                left = "".join(rng.choice(pool) for _ in range(rng.randrange(6))) + x
+                right = y + "".join(rng.choice(pool) for _ in range(rng.randrange(6)))
+                if cut_between(rules, left, right):
+                    cuts += 1
+                    assert pre_tokens(smollm2.core, left + right) == \
+                        pre_tokens(smollm2.core, left) + pre_tokens(smollm2.core, right), (left, right)
+    assert cuts > 200_000  # most pairs are cuts: the check isn't vacuous
+    for ws in [" ", "  ", "\n", "\n    ", "\t", " \t", "\r\n  "]:
+        for y in (c for c in ALPHABET if CLASSES[ord(c)] in rules.space_then):
+            left, right = "x" + ws, " " + y + "yz"
+            assert cut_between(rules, left, right)
+            assert pre_tokens(smollm2.core, left + right) == pre_tokens(smollm2.core, left) + pre_tokens(smollm2.core, right)
+
+
+def test_only_known_pre_tokenizers_get_rules(tokenizers):
+    assert boundary_rules(tokenizers["smollm2"].core) is not None
+    assert boundary_rules(tokenizers["deepseek-v4"].core) is None  # its own Split patterns: no rules yet
+    assert tokenizers["smollm2"].canonical_check() is not None
+    for name in ("deepseek-v4", "qwen3.6", "cl100k"):
+        assert tokenizers[name].canonical_check() is None
+        assert tokenizers[name].encode_batch(["a b"], guesses=[[1, 2]]) == [tokenizers[name].encode("a b")]
+
+
+def variants(tok, ids: list[int], rng: random.Random) -> list[list[int]]:
+    """Guesses for the text of ``ids``: the ids, a token split in two (same bytes), a token dropped,
+    the end-of-turn token moved, an added token spelled by ordinary ones."""
+    out = [ids]
+    splittable = [k for k, i in enumerate(ids) if len(tok.token_bytes[i]) > 1]
+    if splittable:
+        k = rng.choice(splittable)
+        data = tok.token_bytes[ids[k]]
+        for cut in range(1, len(data)):
+            a, b = tok.bytes_to_id.get(data[:cut]), tok.bytes_to_id.get(data[cut:])
+            if a is not None and b is not None:
+                out.append(ids[:k] + [a, b] + ids[k + 1 :])
+                break
+    if len(ids) > 1:
+        out.append(ids[:-1])
+    end = tok.encode("<|im_end|>")
+    spelled = tok.encode("<|im_end|>", allow_special=False)
+    out.append(ids + end)
+    out.append(end + ids)
+    out.append(ids + spelled)
+    return out
+
+
+@SETTINGS
+@given(texts=st.lists(st.one_of(PLAIN, MIXED), min_size=1, max_size=6), seed=st.integers(0, 1 << 30))
+def test_encode_with_guesses_is_the_native_encode(smollm2, texts, seed):
+    tok, rng = smollm2, random.Random(seed)
+    batch, guesses = [], []
+    for text in texts:
+        for guess in variants(tok, tok.encode(text), rng):
+            batch.append(tok.decode(guess) if rng.random() < 0.8 else text)  # mostly the text the guess spells
+            guesses.append(guess if rng.random() < 0.9 else None)
+    expected = [tok.encode(t) for t in batch]
+    assert tok.encode_batch(batch, guesses=guesses) == expected
+    confirmed = tok.canonical_check().confirm(batch, guesses)
+    assert all(g == e for g, e, ok in zip(guesses, expected, confirmed) if ok)  # never a wrong yes
+
+
+def test_canonical_samples_are_confirmed_and_the_rest_are_not(smollm2):
+    """On real code: every canonical ASCII sample is confirmed on its ids, every re-segmented one
+    refused, before and after the stretches are learned, and with a tiny store that keeps clearing."""
+    tok = recon.load_tokenizer("smollm2")  # its own tables, learned from nothing
+    rng = random.Random(3)
+    source = (recon.__file__.replace("__init__.py", "audit.py"), recon.__file__.replace("__init__.py", "wordcache.py"))
+    text = "".join(open(path).read() for path in source)
+    texts = [t for t in (text[i : i + 400] for i in range(0, len(text) - 400, 170)) if t.isascii()]
+    assert len(texts) > 150
+    ids = [tok.encode(t) + tok.encode("<|im_end|>") for t in texts]
+    texts = [t + "<|im_end|>" for t in texts]
+    resegmented = [variants(tok, i, rng)[1] for i in ids]
+    check = tok.canonical_check()
+    for _ in range(2):
+        assert check.confirm(texts, ids) == [True] * len(texts)
+        assert check.confirm(texts, resegmented) == [r == i for r, i in zip(resegmented, ids)]
+    check.max_runs = 10
+    assert check.confirm(texts, ids) == [True] * len(texts)
+    assert len(check._runs) + len(check._long) == 0  # over the limit: cleared after the batch
+
+
+def test_a_guess_that_spells_another_text_or_holds_unknown_ids_is_refused(smollm2):
+    tok = smollm2
+    ids = tok.encode("hello world")
+    check = tok.canonical_check()
+    assert check.confirm(["hello world", "hello world!", "hello world"], [ids, ids, ids + [tok.vocab_size + 5]]) == \
+        [True, False, False]
+    assert check.confirm(["x"], [[-1]]) == [False]
+    assert check.confirm(["h\u00e9"], [tok.encode("h\u00e9")]) == [False]  # a token outside the ASCII table: unsure
+    assert check.confirm(["", "a"], [[], None]) == [False, False]
