@@ -31,14 +31,20 @@ class CanonicalCheck:
     """Token-space check for one tokenizer (with ``allow_special``: added tokens' text is theirs).
 
     ``texts[id]`` is the text of each token whose native decode is its ASCII bytes, else None
-    (:attr:`recon.tokenizer.Tokenizer._ascii_texts`; ids that are None never pass); ``rules``
-    the pre-tokenizer's boundary table; ``cache`` the word cache that encodes stretches never seen.
+    (:attr:`recon.tokenizer.Tokenizer._ascii_texts`; ids that are None never pass);
+    ``byte_lengths[id]`` every token's length in bytes; ``rules`` the pre-tokenizer's
+    :class:`~recon.pretokenize.Boundaries`; ``cache`` the word cache that encodes stretches never seen.
     Learned stretches are kept up to ``max_runs``; then only the last batch's."""
 
-    def __init__(self, cache: WordCache, texts: Sequence[str | None], vocab_size: int,
+    def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
                  rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 18):
+        vocab_size = len(byte_lengths)
         self._cache = cache
         self._texts = texts
+        self._byte_lengths = byte_lengths
+        glue = cache.encode_batch([rules.glue]) if rules.glue else None
+        #: (character, its id) that glues stretches learned together, where it is one token
+        self._glue = (rules.glue, glue[0][0]) if glue and len(glue[0]) == 1 else None
         classes = ascii_classes()
         first, second, last = (np.zeros(vocab_size, np.int8) for _ in range(3))
         for i, text in enumerate(texts[:vocab_size]):
@@ -128,30 +134,57 @@ class CanonicalCheck:
         lone_ids = flat[first[lone]]
         keys = self._packed(flat, first[packed], size[packed]).tolist()
         tuples = [tuple(flat[first[s] : first[s] + size[s]].tolist()) for s in long.tolist()]
-        unknown: dict[object, list[int]] = {}  # stretch key -> its ids, to learn
-        for i in np.unique(lone_ids[self._single[lone_ids] < 0]).tolist():
-            unknown[i] = [i]
         runs, longs = self._runs, self._long
+        new_lone = np.unique(lone_ids[self._single[lone_ids] < 0]).tolist()
+        new_packed: dict[int, list[int]] = {}
         for k in np.flatnonzero(~np.fromiter(map(runs.__contains__, keys), bool, len(keys))).tolist():
-            s = packed[k]
-            unknown.setdefault(keys[k], flat[first[s] : first[s] + size[s]].tolist())
-        for t in tuples:
-            if t not in longs:
-                unknown.setdefault(t, list(t))
-        if unknown:
-            get = self._texts.__getitem__
-            stretches = list(unknown.values())
-            encoded = self._cache.encode_batch(["".join(map(get, ids)) for ids in stretches])
-            for key, ids, got in zip(unknown, stretches, encoded):
-                ok = got == ids
-                if len(ids) == 1:
-                    self._single[ids[0]] = ok
-                elif ok:
-                    (longs if type(key) is tuple else runs).add(key)  # type: ignore[arg-type]
+            if keys[k] not in new_packed:
+                s = packed[k]
+                new_packed[keys[k]] = flat[first[s] : first[s] + size[s]].tolist()
+        new_long = [t for t in dict.fromkeys(tuples) if t not in longs]
+        stretches = [[i] for i in new_lone] + list(new_packed.values()) + [list(t) for t in new_long]
+        if stretches:
+            ok = iter(self._learn(stretches))
+            for i in new_lone:
+                self._single[i] = next(ok)
+            runs.update(key for key in new_packed if next(ok))
+            longs.update(t for t in new_long if next(ok))
         good[lone] = self._single[lone_ids] == 1
         good[packed] = np.fromiter(map(runs.__contains__, keys), bool, len(keys))
         good[long] = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
         return good
+
+    def _learn(self, stretches: list[list[int]]) -> list[bool]:
+        """Whether each stretch is the encoding of its own text. The texts are encoded as one,
+        glued with a character the pre-tokenizer always cuts around (a digit, for Digits then
+        GPT-2): one call instead of one per stretch. The encoding comes apart at the glue when
+        each glue character is a token of its own at its place (else, say where an added
+        token's text spans the glue, the stretches are encoded one by one)."""
+        get = self._texts.__getitem__
+        texts = ["".join(map(get, ids)) for ids in stretches]
+        glue = self._glue
+        if glue is None or len(texts) < 2:
+            encoded = self._cache.encode_batch(texts)
+        else:
+            ids = self._cache.encode_batch([glue[0].join(texts)])[0]
+            encoded = self._unglue(ids, texts, glue[1])
+            if encoded is None:
+                encoded = self._cache.encode_batch(texts)
+        return [got == want for got, want in zip(encoded, stretches)]
+
+    def _unglue(self, ids: list[int], texts: list[str], glue_id: int) -> list[list[int]] | None:
+        """The encoding of the texts glued (one glue character between two) cut back into each
+        text's, or None where a glue character is not a token of its own at its place."""
+        held = np.array(ids, dtype=np.int64)
+        lengths = self._byte_lengths[held]
+        starts = np.cumsum(lengths) - lengths
+        sizes = np.fromiter(map(len, texts), np.int64, len(texts))  # ASCII: characters are bytes
+        places = np.cumsum(sizes[:-1] + 1) - 1  # where each glue character is
+        at = np.searchsorted(starts, places)
+        if (at >= len(ids)).any() or not ((starts[at] == places) & (lengths[at] == 1) & (held[at] == glue_id)).all():
+            return None
+        bounds = [-1, *at.tolist(), len(ids)]
+        return [ids[a + 1 : b] for a, b in zip(bounds[:-1], bounds[1:])]
 
     def _packed(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Each stretch of at most ``_pack`` tokens as one integer: id + 1 in each ``_bits`` bits."""

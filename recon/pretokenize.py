@@ -279,6 +279,8 @@ class Boundaries:
     pairs: list[list[bool]]
     #: after whitespace, before a space followed by a character of one of these classes
     space_then: frozenset[int] = frozenset()
+    #: a character with a cut on both sides whatever surrounds it, or None
+    glue: str | None = None
 
 
 def _digits_then_gpt2() -> Boundaries:
@@ -309,7 +311,7 @@ def _digits_then_gpt2() -> Boundaries:
                 or (x == OTHER and y == LETTER)
                 or (x not in (SPACE, OTHER_SPACE) and y in (SPACE, OTHER_SPACE))
             )
-    return Boundaries(pairs, frozenset({LETTER, APOSTROPHE, OTHER}))
+    return Boundaries(pairs, frozenset({LETTER, APOSTROPHE, OTHER}), glue="0")
 
 
 def boundary_rules(core) -> Boundaries | None:

@@ -88,7 +88,7 @@ class Tokenizer(ABC):
             rules = self._boundary_rules()
             cache = self.word_cache(True) if rules is not None else None
             texts = self._ascii_texts if cache is not None else None
-            self._canonical = (CanonicalCheck(cache, texts, self.vocab_size, rules, self.added_ids)  # type: ignore[arg-type]
+            self._canonical = (CanonicalCheck(cache, texts, self.length_array, rules, self.added_ids)  # type: ignore[arg-type]
                                if texts is not None else None)
         return self._canonical
 

@@ -146,3 +146,16 @@ def test_a_guess_that_spells_another_text_or_holds_unknown_ids_is_refused(smollm
     assert check.confirm(["x"], [[-1]]) == [False]
     assert check.confirm(["h\u00e9"], [tok.encode("h\u00e9")]) == [False]  # a token outside the ASCII table: unsure
     assert check.confirm(["", "a"], [[], None]) == [False, False]
+
+
+def test_stretches_learned_together_are_learned_as_one_by_one(smollm2):
+    tok = recon.load_tokenizer("smollm2")
+    check = tok.canonical_check()
+    assert check._glue is not None and tok.decode([check._glue[1]]) == "0"
+    words = [" return", "self", " FakeProxyHandler", "(", "):", "\n   ", " x", "'s", "0", "12", "<|im_end|>", "a<|im_"]
+    stretches = [tok.encode(w) for w in words] + [tok.encode(" ret") + tok.encode("urn")]  # the last: not canonical
+    assert check._learn(stretches) == [tok.encode(tok.decode(s)) == s for s in stretches]
+    assert check._learn(stretches)[-1] is False
+    glued = tok.encode("0".join(words[:3]))
+    assert check._unglue(glued, words[:3], check._glue[1]) == [tok.encode(w) for w in words[:3]]
+    assert check._unglue(glued, ["ab", *words[1:3]], check._glue[1]) is None  # the glue is not where the texts say
