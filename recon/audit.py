@@ -503,10 +503,18 @@ def audit_rows(
             slots.append(k)
         except Exception as e:  # noqa: BLE001 - any failure on one record is reported on that record
             rows[k] = _row(record, m, method, "error", error=f"{type(e).__name__}: {e}")
+    # a roundtrip record's text is its ids decoded: the reconstruction is told so, and where the
+    # rendered view is that text again, its ids may be confirmed on the ids (recon.canonical)
+    decoded: list[str | None] = [None] * len(views)
     if to_parse:
-        for v, view in zip(to_parse, bound.parse_ids_batch([records[slots[v]].output_ids for v in to_parse], options)):
-            views[v] = view
-    results = reconstruct_batch(views, bound, method, guesses=[records[k].output_ids for k in slots]) if views else []
+        texts = bound.server_texts([records[slots[v]].output_ids for v in to_parse], options)
+        same_text = options is None or not options.skip_special_tokens  # else the ids were filtered first
+        for v, text in zip(to_parse, texts):
+            views[v] = bound.parse_text(text, options)
+            if same_text:
+                decoded[v] = text
+    results = (reconstruct_batch(views, bound, method, guesses=[records[k].output_ids for k in slots], decoded=decoded)
+               if views else [])
     recon_ids: list = [None] * len(records)
     # mismatches that only re-segment the same bytes are located for the whole batch at once
     same = [rec.ids is not None and rec.ids == records[k].output_ids for k, rec in zip(slots, results)]

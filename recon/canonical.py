@@ -18,7 +18,7 @@ between two cuts is the encoding of its own text.
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, compress
 from typing import Sequence
 
 import numpy as np
@@ -70,16 +70,23 @@ class CanonicalCheck:
         self._long: set[tuple[int, ...]] = set()  # longer ones, as tuples
         self.max_runs = max_runs
 
-    def confirm(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None]) -> list[bool]:
+    def confirm(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None],
+                decoded: Sequence[str | None] | None = None) -> list[bool]:
         """For each text, whether its guess is exactly its encoding (False where unsure: the
-        caller encodes those)."""
+        caller encodes those). ``decoded[k]``, where not None, must be ``decode(guesses[k])``
+        exactly (as :meth:`recon.tokenizer.Tokenizer.decode_batch` returned it): the guess is then
+        compared with the text through it, instead of being spelled out again."""
         out = [False] * len(texts)
+        spelled: list[int] = []  # texts their guess decodes to
         join, get = "".join, self._texts.__getitem__
-        spelled: list[int] = []  # texts their guess decodes to, all tokens in the ASCII table
         for k, (text, ids) in enumerate(zip(texts, guesses)):
             if ids is None or not len(ids):
                 continue
-            try:
+            if decoded is not None and decoded[k] is not None:
+                if decoded[k] == text:
+                    spelled.append(k)
+                continue
+            try:  # a token outside the ASCII table is None there, and join refuses it
                 if join(map(get, ids)) == text:
                     spelled.append(k)
             except (TypeError, IndexError):
@@ -89,6 +96,13 @@ class CanonicalCheck:
         counts = np.fromiter(map(len, (guesses[k] for k in spelled)), np.int64, len(spelled))
         flat = np.fromiter(chain.from_iterable(guesses[k] for k in spelled), np.int64, int(counts.sum()))
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        tabled = np.logical_and.reduceat(self._lengths[flat] > 0, starts)  # every token in the ASCII table
+        if not tabled.all():  # (decoded texts were not spelled from the table): only those go on
+            flat = flat[np.repeat(tabled, counts)]
+            spelled, counts = list(compress(spelled, tabled.tolist())), counts[tabled]
+            if not spelled:
+                return out
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         added = self._added[flat]
         extracted = self._added_where_held(texts, spelled, flat, starts, added)
         # a stretch starts at each sample's first token, around every added token, and at every

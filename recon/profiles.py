@@ -397,8 +397,13 @@ class BoundProfile:
 
     def parse_ids_batch(self, batch: list[list[int]], options: ParseOptions | None = None) -> list[Response]:
         """:meth:`parse_text` over many outputs, decoded in one batch."""
+        return [self.parse_text(text, options) for text in self.server_texts(batch, options)]
+
+    def server_texts(self, batch: list[list[int]], options: ParseOptions | None = None) -> list[str]:
+        """The text a server makes of each output before parsing it: the ids decoded, in one batch
+        (with ``skip_special_tokens``, special tokens outside the grammar dropped first)."""
         if options is not None and options.skip_special_tokens:
             keep = set(self.special_ids.values())
             drop = self.tok.special_ids - keep
             batch = [[i for i in ids if i not in drop] for ids in batch]
-        return [self.parse_text(text, options) for text in self.tok.decode_batch(batch)]
+        return self.tok.decode_batch(batch)

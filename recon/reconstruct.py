@@ -85,10 +85,12 @@ def _logprob_ids(bound: BoundProfile, view: Response) -> Reconstruction:
 
 
 def reconstruct_batch(views: Sequence[Response], bound: BoundProfile, method: str = "auto",
-                      guesses: Sequence[Sequence[int] | None] | None = None) -> list[Reconstruction]:
+                      guesses: Sequence[Sequence[int] | None] | None = None,
+                      decoded: Sequence[str | None] | None = None) -> list[Reconstruction]:
     """Ids for each API view; a view that can't be rendered gets an error, the rest go on.
     ``guesses``: ids each view is expected to encode back to (an audit's ground truth), which
-    spares encoding a rendered text that they are exactly the encoding of (same result)."""
+    spares encoding a rendered text that they are exactly the encoding of (same result);
+    ``decoded``: each guess decoded, where the caller has it (see :meth:`Tokenizer.encode_batch`)."""
     _check_method(method)
     tok = bound.tok
     results: list[Reconstruction | None] = [None] * len(views)
@@ -109,7 +111,8 @@ def reconstruct_batch(views: Sequence[Response], bound: BoundProfile, method: st
             results[k] = Reconstruction(None, method, None, str(e))
     if concat_jobs:
         encoded = tok.encode_batch([text for _, text in concat_jobs],
-                                   guesses=None if guesses is None else [guesses[k] for k, _ in concat_jobs])
+                                   guesses=None if guesses is None else [guesses[k] for k, _ in concat_jobs],
+                                   decoded=None if decoded is None else [decoded[k] for k, _ in concat_jobs])
         for (k, _), ids in zip(concat_jobs, encoded):
             results[k] = Reconstruction(ids, "concat")
     if segment_jobs:

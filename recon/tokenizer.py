@@ -61,20 +61,23 @@ class Tokenizer(ABC):
         """Ids for ``text``; with ``allow_special`` the text of added tokens becomes their ids."""
 
     def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True,
-                     guesses: Sequence[Sequence[int] | None] | None = None) -> list[list[int]]:
+                     guesses: Sequence[Sequence[int] | None] | None = None,
+                     decoded: Sequence[str | None] | None = None) -> list[list[int]]:
         """``[encode(t) for t in texts]``, through the tokenizer's word cache where it has one.
 
         ``guesses``: ids expected to be each text's encoding (None where there is no guess), as
         an audit expects a sample's text to encode back to its ids. A guess that spells the text
         and is its encoding, which is decided on the ids (:mod:`recon.canonical`), comes back
-        (copied) without the text being encoded; the result is the same either way."""
+        (copied) without the text being encoded; the result is the same either way.
+        ``decoded``: each guess as :meth:`decode_batch` returned it (None where not at hand), so
+        the guesses need not be decoded again to compare with the texts; it must be exactly that."""
         cache = self.word_cache(allow_special)
         if cache is None:
             return self._encode_batch(texts, allow_special)
         check = self.canonical_check() if guesses is not None and allow_special else None
         if check is None:
             return cache.encode_batch(texts)
-        confirmed = check.confirm(texts, guesses)
+        confirmed = check.confirm(texts, guesses, decoded)
         out = [list(guess) if ok else None for guess, ok in zip(guesses, confirmed)]  # type: ignore[arg-type]
         rest = [k for k, ok in enumerate(confirmed) if not ok]
         for k, ids in zip(rest, cache.encode_batch([texts[k] for k in rest])):
@@ -465,8 +468,9 @@ class TiktokenTokenizer(Tokenizer):
         return [i for s in slices for i in self._encode_one(s, allow_special)]
 
     def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True,
-                     guesses: Sequence[Sequence[int] | None] | None = None) -> list[list[int]]:
-        # ``guesses`` go unused: no boundary rules for tiktoken patterns yet (canonical_check is None)
+                     guesses: Sequence[Sequence[int] | None] | None = None,
+                     decoded: Sequence[str | None] | None = None) -> list[list[int]]:
+        # ``guesses`` and ``decoded`` go unused: no boundary rules for tiktoken patterns yet (canonical_check is None)
         slices = [self._slices(t) for t in texts]
         flat = [s for group in slices for s in group]
         cache = self.word_cache(allow_special)

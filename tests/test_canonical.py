@@ -159,3 +159,15 @@ def test_stretches_learned_together_are_learned_as_one_by_one(smollm2):
     glued = tok.encode("0".join(words[:3]))
     assert check._unglue(glued, words[:3], check._glue[1]) == [tok.encode(w) for w in words[:3]]
     assert check._unglue(glued, ["ab", *words[1:3]], check._glue[1]) is None  # the glue is not where the texts say
+
+
+def test_decoded_texts_stand_for_the_spelling_and_non_ascii_ones_are_left_to_the_encoder(smollm2):
+    tok = smollm2
+    texts = ["hello world", "h\u00e9llo w\u00f6rld", "x = 1\n", "hello world"]
+    guesses = [tok.encode(t) for t in texts]
+    guesses[3] = tok.encode(" ret") + tok.encode("urn")  # spells " return", not the text
+    decoded = tok.decode_batch(guesses)
+    check = tok.canonical_check()
+    assert check.confirm(texts, guesses, decoded) == [True, False, True, False]
+    assert check.confirm(texts, guesses, [None, None, decoded[2], None]) == [True, False, True, False]
+    assert tok.encode_batch(texts, guesses=guesses, decoded=decoded) == [tok.encode(t) for t in texts]
