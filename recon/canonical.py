@@ -37,7 +37,7 @@ class CanonicalCheck:
     Learned stretches are kept up to ``max_runs``; then only the last batch's."""
 
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
-                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 18):
+                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 17):
         vocab_size = len(byte_lengths)
         self._cache = cache
         self._texts = texts

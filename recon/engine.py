@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -202,8 +203,6 @@ def audit_stream(
     ``dask``: ``"local"`` (a LocalCluster on this machine) or a scheduler address; or pass a
     ``client``. Results are identical whichever runs them.
     """
-    from tqdm.auto import tqdm
-
     if rows_path is not None and export_path is not None:
         raise ReconError("write audit rows or an export, not both in one run")
     if export_path is not None:
@@ -215,7 +214,7 @@ def audit_stream(
         writer, output = TableWriter(rows_path, arrow_schema()), "rows"
     elif export_path is not None:
         writer, output = TableWriter(export_path, export_schema()), policy
-    bar = tqdm(desc="audit", unit="sample", disable=None if progress is None else not progress)
+    bar = _progress_bar(progress)
     own_client = client is None and dask is not None
     if own_client:
         client = _dask_client(dask)
@@ -245,6 +244,24 @@ def audit_stream(
                 cluster.close()
     return AuditRun(tally.summary(), errors, writer.path if writer is not None else None,
                     kept if export_path is not None else None)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(progress: bool | None):
+    """tqdm's bar, or nothing where none would show (``progress=None``: a terminal or a notebook
+    shows one): a command whose output goes to a file or a pipe doesn't import tqdm at all."""
+    if progress is False or (progress is None and not sys.stderr.isatty() and "ipykernel" not in sys.modules):
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(desc="audit", unit="sample", disable=None if progress is None else not progress)
 
 
 def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list[RecordError]):
