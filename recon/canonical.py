@@ -34,10 +34,11 @@ class CanonicalCheck:
     (:attr:`recon.tokenizer.Tokenizer._ascii_texts`; ids that are None never pass);
     ``byte_lengths[id]`` every token's length in bytes; ``rules`` the pre-tokenizer's
     :class:`~recon.pretokenize.Boundaries`; ``cache`` the word cache that encodes stretches never seen.
-    Learned stretches are kept up to ``max_runs``; then only the last batch's."""
+    At most ``max_runs`` learned stretches of two tokens or more are kept; past that the store
+    starts again (memory stays flat, and the common stretches come back first)."""
 
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
-                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 17):
+                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 16):
         vocab_size = len(byte_lengths)
         self._cache = cache
         self._texts = texts
@@ -96,7 +97,10 @@ class CanonicalCheck:
         counts = np.fromiter(map(len, (guesses[k] for k in spelled)), np.int64, len(spelled))
         flat = np.fromiter(chain.from_iterable(guesses[k] for k in spelled), np.int64, int(counts.sum()))
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        tabled = np.logical_and.reduceat(self._lengths[flat] > 0, starts)  # every token in the ASCII table
+        inside = (flat >= 0) & (flat < len(self._lengths))  # (a decode skips ids it doesn't know)
+        tabled = np.zeros(len(flat), dtype=bool)
+        tabled[inside] = self._lengths[flat[inside]] > 0
+        tabled = np.logical_and.reduceat(tabled, starts)  # every token in the ASCII table
         if not tabled.all():  # (decoded texts were not spelled from the table): only those go on
             flat = flat[np.repeat(tabled, counts)]
             spelled, counts = list(compress(spelled, tabled.tolist())), counts[tabled]

@@ -116,7 +116,7 @@ class WordCache:
         lengths: Sequence[int],
         passes: Sequence[Mapping[str, int]] = (),
         bail: Iterable[str] = (),
-        max_words: int = 1 << 17,
+        max_words: int = 1 << 16,
         cut: Cut | None = None,
         encode_pieces: Callable[[list[str]], list[list[int]]] | None = None,
     ):

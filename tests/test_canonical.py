@@ -171,3 +171,5 @@ def test_decoded_texts_stand_for_the_spelling_and_non_ascii_ones_are_left_to_the
     assert check.confirm(texts, guesses, decoded) == [True, False, True, False]
     assert check.confirm(texts, guesses, [None, None, decoded[2], None]) == [True, False, True, False]
     assert tok.encode_batch(texts, guesses=guesses, decoded=decoded) == [tok.encode(t) for t in texts]
+    odd = [guesses[0] + [tok.vocab_size + 7], [-3] + guesses[2]]  # ids no token holds: never confirmed
+    assert check.confirm([texts[0], texts[2]], odd, [texts[0], texts[2]]) == [False, False]
