@@ -46,13 +46,21 @@ class CanonicalCheck:
         glue = cache.encode_batch([rules.glue]) if rules.glue else None
         #: (character, its id) that glues stretches learned together, where it is one token
         self._glue = (rules.glue, glue[0][0]) if glue and len(glue[0]) == 1 else None
-        classes = ascii_classes()
-        first, second, last = (np.zeros(vocab_size, np.int8) for _ in range(3))
-        for i, text in enumerate(texts[:vocab_size]):
-            if text:
-                first[i], last[i] = classes[ord(text[0])], classes[ord(text[-1])]
-                if len(text) > 1:
-                    second[i] = classes[ord(text[1])]
+        # each token's first, second and last character's class (0 for a token outside the table)
+        tabled = np.fromiter((text is not None for text in texts[:vocab_size]), bool, vocab_size)
+        self._lengths = np.where(tabled, byte_lengths, 0)
+        data, starts = np.frombuffer("".join(filter(None, texts[:vocab_size])).encode("ascii"), np.uint8), \
+            np.cumsum(self._lengths) - self._lengths
+        classes = np.array(ascii_classes(), dtype=np.int8)
+
+        def class_at(where: np.ndarray, has: np.ndarray) -> np.ndarray:
+            out = np.zeros(vocab_size, np.int8)
+            out[has] = classes[data[where[has]]]
+            return out
+
+        first = class_at(starts, tabled)  # (a token in the table has a character at least)
+        second = class_at(starts + 1, tabled & (self._lengths > 1))
+        last = class_at(starts + self._lengths - 1, tabled)
         self._first, self._last = first, last
         self._rules = np.array(rules.pairs, dtype=bool)
         #: per id: the token ends with whitespace; it starts with a space the rules let a fresh
@@ -61,7 +69,6 @@ class CanonicalCheck:
         self._space_word = (first == SPACE) & np.isin(second, sorted(rules.space_then))
         self._added = np.zeros(vocab_size, dtype=bool)
         self._added[list(added_ids)] = True
-        self._lengths = np.array([len(t) if t else 0 for t in texts[:vocab_size]], dtype=np.int64)
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
         self._single = np.full(vocab_size, -1, dtype=np.int8)
         #: a stretch of 2.._pack tokens packed into one int: ``_bits`` bits per id + 1

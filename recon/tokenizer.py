@@ -355,6 +355,17 @@ class HFTokenizer(Tokenizer):
     def piece_to_id(self, piece: str) -> int | None:
         return self._vocab.get(piece)
 
+    @cached_property
+    def token_bytes(self) -> list[bytes]:
+        """As :attr:`Tokenizer.token_bytes`, from the vocabulary already loaded (asking the core
+        id by id costs a native call each, at every start)."""
+        piece_of: list[str | None] = [None] * self.vocab_size
+        for piece, token_id in self._vocab.items():
+            piece_of[token_id] = piece
+        for token_id in [i for i, piece in enumerate(piece_of) if piece is None]:  # an id two texts share, or a gap
+            piece_of[token_id] = self._core.id_to_token(token_id)
+        return [b"" if piece is None else self._piece_bytes(i, piece) for i, piece in enumerate(piece_of)]
+
     def id_to_bytes(self, token_id: int) -> bytes:
         piece = self._core.id_to_token(token_id)
         if piece is None:
