@@ -159,16 +159,19 @@ class Tokenizer(ABC):
 
     @cached_property
     def _ascii_texts(self) -> list[str | None] | None:
-        """The text of each token whose bytes are ASCII and whose native decode, alone, is exactly
-        that text, else None; or None where decoding is not a join of token bytes. As many Nones
+        """The text of each token whose bytes are ASCII and whose native decode is exactly that
+        text, else None; or None where decoding is not a join of token bytes. As many Nones
         follow, so that a negative id (``texts[-1]`` is the last entry) finds None too."""
         if not self._joins_bytes:
             return None
         texts = [data.decode("ascii") if data and data.isascii() else None for data in self.token_bytes]
         ids = [i for i, text in enumerate(texts) if text is not None]
-        for i, native in zip(ids, self._decode_batch([[i] for i in ids])):
-            if native != texts[i]:
-                texts[i] = None
+        # all of them decoded in one sequence first: where that is their texts joined (a decoder
+        # that joins tokens' bytes, as this table assumes), each decodes to its own; else one by one
+        if self._decode_batch([ids])[0] != "".join(texts[i] for i in ids):
+            for i, native in zip(ids, self._decode_batch([[i] for i in ids])):
+                if native != texts[i]:
+                    texts[i] = None
         return texts + [None] * len(texts)
 
     # -- vocabulary ------------------------------------------------------------------------
