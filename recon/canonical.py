@@ -80,11 +80,20 @@ class CanonicalCheck:
 
     def confirm(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None],
                 decoded: Sequence[str | None] | None = None) -> list[bool]:
-        """For each text, whether its guess is exactly its encoding (False where unsure: the
-        caller encodes those). ``decoded[k]``, where not None, must be ``decode(guesses[k])``
-        exactly (as :meth:`recon.tokenizer.Tokenizer.decode_batch` returned it): the guess is then
-        compared with the text through it, instead of being spelled out again."""
-        out = [False] * len(texts)
+        """For each text, whether its guess is exactly its encoding (False where it isn't, or
+        where unsure). ``decoded``: as for :meth:`encode`."""
+        return [ids is not None and ids == guess for ids, guess in zip(self.encode(texts, guesses, decoded), guesses)]
+
+    def encode(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None],
+               decoded: Sequence[str | None] | None = None) -> list[list[int] | None]:
+        """Each text's encoding, worked out from its guess: the guess itself where every stretch
+        is its own text's encoding, else the guess with the stretches that aren't replaced by
+        their text's encoding; None where unsure (the caller encodes those texts).
+
+        ``decoded[k]``, where not None, must be ``decode(guesses[k])`` exactly (as
+        :meth:`recon.tokenizer.Tokenizer.decode_batch` returned it): the guess is then compared
+        with the text through it, instead of being spelled out again."""
+        out: list[list[int] | None] = [None] * len(texts)
         spelled: list[int] = []  # texts their guess decodes to
         join, get = "".join, self._texts.__getitem__
         for k, (text, ids) in enumerate(zip(texts, guesses)):
@@ -128,7 +137,27 @@ class CanonicalCheck:
         good = self._stretches_known(flat, first, size, added)
         whole = np.logical_and.reduceat(good, np.searchsorted(first, starts)) & extracted
         for k, ok in zip(spelled, whole.tolist()):
-            out[k] = ok
+            if ok:
+                out[k] = list(guesses[k])
+        # a sample whose added tokens are right but some stretch is not its text's encoding:
+        # its encoding is the guess with each such stretch encoded (a cut splits the work)
+        bad = np.flatnonzero(~good)
+        if len(bad):
+            sample = np.searchsorted(starts, first[bad], side="right") - 1
+            fixable = extracted[sample]
+            bad, sample = bad[fixable], sample[fixable]
+            encoded = self._encode([flat[first[b] : first[b] + size[b]].tolist() for b in bad.tolist()])
+            spliced: dict[int, list[int]] = {}
+            at: dict[int, int] = {}  # per sample: how far its guess is copied
+            for b, s, ids in zip(bad.tolist(), sample.tolist(), encoded):
+                guess, begin = guesses[spelled[s]], int(first[b] - starts[s])
+                done = spliced.setdefault(s, [])
+                done += guess[at.get(s, 0) : begin]
+                done += ids
+                at[s] = begin + int(size[b])
+            for s, done in spliced.items():
+                guess = guesses[spelled[s]]
+                out[spelled[s]] = done + list(guess[at[s] :])
         if len(self._runs) + len(self._long) > self.max_runs:  # full: start again
             self._runs.clear()
             self._long.clear()
@@ -180,11 +209,15 @@ class CanonicalCheck:
         return good
 
     def _learn(self, stretches: list[list[int]]) -> list[bool]:
-        """Whether each stretch is the encoding of its own text. The texts are encoded as one,
-        glued with a character the pre-tokenizer always cuts around (a digit, for Digits then
-        GPT-2): one call instead of one per stretch. The encoding comes apart at the glue when
-        each glue character is a token of its own at its place (else, say where an added
-        token's text spans the glue, the stretches are encoded one by one)."""
+        """Whether each stretch is the encoding of its own text."""
+        return [got == want for got, want in zip(self._encode(stretches), stretches)]
+
+    def _encode(self, stretches: list[list[int]]) -> list[list[int]]:
+        """The encoding of each stretch's text. The texts are encoded as one, glued with a
+        character the pre-tokenizer always cuts around (a digit, for Digits then GPT-2): one
+        call instead of one per stretch. The encoding comes apart at the glue when each glue
+        character is a token of its own at its place (else, say where an added token's text
+        spans the glue, the stretches are encoded one by one)."""
         get = self._texts.__getitem__
         texts = ["".join(map(get, ids)) for ids in stretches]
         glue = self._glue
@@ -195,7 +228,7 @@ class CanonicalCheck:
             encoded = self._unglue(ids, texts, glue[1])
             if encoded is None:
                 encoded = self._cache.encode_batch(texts)
-        return [got == want for got, want in zip(encoded, stretches)]
+        return encoded
 
     def _unglue(self, ids: list[int], texts: list[str], glue_id: int) -> list[list[int]] | None:
         """The encoding of the texts glued (one glue character between two) cut back into each

@@ -66,9 +66,10 @@ class Tokenizer(ABC):
         """``[encode(t) for t in texts]``, through the tokenizer's word cache where it has one.
 
         ``guesses``: ids expected to be each text's encoding (None where there is no guess), as
-        an audit expects a sample's text to encode back to its ids. A guess that spells the text
-        and is its encoding, which is decided on the ids (:mod:`recon.canonical`), comes back
-        (copied) without the text being encoded; the result is the same either way.
+        an audit expects a sample's text to encode back to its ids. Where a guess spells the text,
+        its encoding is worked out on the ids (:mod:`recon.canonical`): the guess itself (copied)
+        where it is the encoding, else with only the stretches that aren't encoded again; the
+        result is the same either way.
         ``decoded``: each guess as :meth:`decode_batch` returned it (None where not at hand), so
         the guesses need not be decoded again to compare with the texts; it must be exactly that."""
         cache = self.word_cache(allow_special)
@@ -77,9 +78,8 @@ class Tokenizer(ABC):
         check = self.canonical_check() if guesses is not None and allow_special else None
         if check is None:
             return cache.encode_batch(texts)
-        confirmed = check.confirm(texts, guesses, decoded)
-        out = [list(guess) if ok else None for guess, ok in zip(guesses, confirmed)]  # type: ignore[arg-type]
-        rest = [k for k, ok in enumerate(confirmed) if not ok]
+        out = check.encode(texts, guesses, decoded)
+        rest = [k for k, ids in enumerate(out) if ids is None]
         for k, ids in zip(rest, cache.encode_batch([texts[k] for k in rest])):
             out[k] = ids
         return out  # type: ignore[return-value]

@@ -112,6 +112,7 @@ def test_encode_with_guesses_is_the_native_encode(smollm2, texts, seed):
             guesses.append(guess if rng.random() < 0.9 else None)
     expected = [tok.encode(t) for t in batch]
     assert tok.encode_batch(batch, guesses=guesses) == expected
+    assert all(got is None or got == e for got, e in zip(tok.canonical_check().encode(batch, guesses), expected))
     confirmed = tok.canonical_check().confirm(batch, guesses)
     assert all(g == e for g, e, ok in zip(guesses, expected, confirmed) if ok)  # never a wrong yes
 
@@ -132,6 +133,10 @@ def test_canonical_samples_are_confirmed_and_the_rest_are_not(smollm2):
     for _ in range(2):
         assert check.confirm(texts, ids) == [True] * len(texts)
         assert check.confirm(texts, resegmented) == [r == i for r, i in zip(resegmented, ids)]
+        # a re-segmented sample's encoding: its ids with the odd stretch encoded again, no text encoded
+        spelled = [tok.decode(r) == t for r, t in zip(resegmented, texts)]
+        assert sum(spelled) > 100
+        assert check.encode(texts, resegmented) == [i if ok else None for i, ok in zip(ids, spelled)]
     check.max_runs = 10
     assert check.confirm(texts, ids) == [True] * len(texts)
     assert len(check._runs) + len(check._long) == 0  # over the limit: cleared after the batch
