@@ -34,11 +34,11 @@ class CanonicalCheck:
     (:attr:`recon.tokenizer.Tokenizer._ascii_texts`; ids that are None never pass);
     ``byte_lengths[id]`` every token's length in bytes; ``rules`` the pre-tokenizer's
     :class:`~recon.pretokenize.Boundaries`; ``cache`` the word cache that encodes stretches never seen.
-    At most ``max_runs`` learned stretches of two tokens or more are kept; past that the store
-    starts again (memory stays flat, and the common stretches come back first)."""
+    At most ``max_runs`` learned stretches of two tokens or more are kept; past that only those
+    the last batch used, the common ones (so memory stays flat)."""
 
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
-                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 16):
+                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15):
         vocab_size = len(byte_lengths)
         self._cache = cache
         self._texts = texts
@@ -134,7 +134,7 @@ class CanonicalCheck:
                     | (self._ends_space[left] & self._space_word[right]))
         first = np.flatnonzero(cut)
         size = np.diff(np.append(first, len(flat)))
-        good = self._stretches_known(flat, first, size, added)
+        good, keys, tuples = self._stretches_known(flat, first, size, added)
         whole = np.logical_and.reduceat(good, np.searchsorted(first, starts)) & extracted
         for k, ok in zip(spelled, whole.tolist()):
             if ok:
@@ -158,9 +158,11 @@ class CanonicalCheck:
             for s, done in spliced.items():
                 guess = guesses[spelled[s]]
                 out[spelled[s]] = done + list(guess[at[s] :])
-        if len(self._runs) + len(self._long) > self.max_runs:  # full: start again
-            self._runs.clear()
-            self._long.clear()
+        if len(self._runs) + len(self._long) > self.max_runs:  # full: keep what this batch used
+            runs, longs = self._runs.intersection(keys), self._long.intersection(tuples)
+            if len(runs) + len(longs) > self.max_runs // 2:
+                runs, longs = set(), set()
+            self._runs, self._long = runs, longs
         return out
 
     def _added_where_held(self, texts, spelled: list[int], flat, starts, added) -> np.ndarray:
@@ -178,9 +180,11 @@ class CanonicalCheck:
         return np.fromiter((self._cache.added_spans(texts[k]) == spans for k, spans in zip(spelled, held)),
                            dtype=bool, count=len(spelled))
 
-    def _stretches_known(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray, added: np.ndarray) -> np.ndarray:
+    def _stretches_known(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray,
+                         added: np.ndarray) -> tuple[np.ndarray, list[int], list[tuple[int, ...]]]:
         """Per stretch (``size[s]`` tokens from ``flat[first[s]]``): whether it is its own text's
-        encoding. Stretches not seen before are learned together, in one batch encode."""
+        encoding; and the keys of the stretches of two tokens or more, packed and as tuples.
+        Stretches not seen before are learned together, in one batch encode."""
         good = np.ones(len(first), dtype=bool)  # an added token alone: extracted where it should be
         lone = np.flatnonzero((size == 1) & ~added[first])
         packed = np.flatnonzero((size > 1) & (size <= self._pack))
@@ -206,7 +210,7 @@ class CanonicalCheck:
         good[lone] = self._single[lone_ids] == 1
         good[packed] = np.fromiter(map(runs.__contains__, keys), bool, len(keys))
         good[long] = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
-        return good
+        return good, keys, tuples
 
     def _learn(self, stretches: list[list[int]]) -> list[bool]:
         """Whether each stretch is the encoding of its own text."""

@@ -312,7 +312,7 @@ def _engine_options(args: argparse.Namespace) -> dict:
 
 def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=int, metavar="N",
-                   help="records per batch (memory holds a few per worker; default 2,000)")
+                   help="records per batch (memory holds a few per worker; default 1,000)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="worker processes on this machine (default: one per core; 1 = in this process)")
 

@@ -132,7 +132,7 @@ class Tokenizer(ABC):
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """``[decode(ids) for ids in batch]``. A sequence of ASCII tokens (most of code and English)
-        is joined from a table of their texts, checked one by one against the native decode;
+        is joined from a table of their texts, checked against the native decode when built;
         the rest go to the native core in one batch."""
         texts = self._ascii_texts
         if texts is None:

@@ -116,7 +116,7 @@ class WordCache:
         lengths: Sequence[int],
         passes: Sequence[Mapping[str, int]] = (),
         bail: Iterable[str] = (),
-        max_words: int = 1 << 16,
+        max_words: int = 1 << 15,
         cut: Cut | None = None,
         encode_pieces: Callable[[list[str]], list[list[int]]] | None = None,
     ):
@@ -133,12 +133,18 @@ class WordCache:
         self.lookups = 0  #: words looked up so far
         self.misses = 0  #: words learned from a native encode
 
-    def _keys(self, text: str) -> list[str] | None:
-        """The text as cache keys: pre-tokens or words, and added tokens' contents (which map to
-        their id); None where the cut gives up (the text is encoded natively)."""
+    def _segments(self, text: str) -> list[str]:
+        """The text cut at the added tokens the encoder extracts, pass after pass: the added
+        tokens' contents (a segment in ``_tokens`` is one) and the text between them."""
         segments = [text]
         for pattern, _ in self._passes:
             segments = [s for seg in segments for s in (pattern.split(seg) if seg not in self._tokens else [seg])]
+        return segments
+
+    def _keys(self, text: str) -> list[str] | None:
+        """The text as cache keys: pre-tokens or words, and added tokens' contents (which map to
+        their id); None where the cut gives up (the text is encoded natively)."""
+        segments = self._segments(text)
         if len(segments) == 1:
             return [text] if text in self._tokens else self._words(text)
         keys: list[str] = []
@@ -155,14 +161,11 @@ class WordCache:
     def added_spans(self, text: str) -> list[tuple[int, int]] | None:
         """(offset, id) of each added token the encoder extracts from ``text``, in order (offsets
         in characters); None if the text holds an added token the cache sends to the native
-        encoder (:meth:`_keys`' cut, without cutting the rest)."""
+        encoder."""
         if self._bail is not None and self._bail.search(text):
             return None
-        segments = [text]
-        for pattern, _ in self._passes:
-            segments = [s for seg in segments for s in (pattern.split(seg) if seg not in self._tokens else [seg])]
         spans, at = [], 0
-        for s in segments:
+        for s in self._segments(text):
             if s in self._tokens:
                 spans.append((at, self._tokens[s][0]))
             at += len(s)

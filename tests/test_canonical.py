@@ -137,9 +137,15 @@ def test_canonical_samples_are_confirmed_and_the_rest_are_not(smollm2):
         spelled = [tok.decode(r) == t for r, t in zip(resegmented, texts)]
         assert sum(spelled) > 100
         assert check.encode(texts, resegmented) == [i if ok else None for i, ok in zip(ids, spelled)]
+    # over the limit, the store keeps what the last batch used if that is half the limit or less
+    stored = set(check._runs) | set(check._long)
+    check.max_runs = len(stored) - 1
+    assert check.confirm(texts[:3], ids[:3]) == [True] * 3
+    kept = set(check._runs) | set(check._long)
+    assert 0 < len(kept) <= check.max_runs // 2 and kept < stored
     check.max_runs = 10
     assert check.confirm(texts, ids) == [True] * len(texts)
-    assert len(check._runs) + len(check._long) == 0  # over the limit: cleared after the batch
+    assert len(check._runs) + len(check._long) == 0  # this batch used more than half: nothing kept
 
 
 def test_a_guess_that_spells_another_text_or_holds_unknown_ids_is_refused(smollm2):
