@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bundled_ids() -> list[tuple[str, list[int]]]:
-    from recon.records import read_records
+    from recon.samples.records import read_records
 
     records = read_records(sorted((ROOT / "data").glob("smollm2-t*.jsonl"))).records
     return [(r.dataset, r.output_ids) for r in records]
@@ -67,8 +67,8 @@ def timed(fn):
 def speed(n: int, chunk: int, workers: int) -> dict:
     from transformers import PreTrainedTokenizerFast
 
-    from recon.engine import _bound, audit_stream
-    from recon.records import Record
+    from recon.audit.engine import _bound, audit_stream
+    from recon.samples.records import Record
 
     spec = dict(tokenizer="smollm2", profile="chatml", method="concat")
     bound = _bound(spec["tokenizer"], None, spec["profile"])  # loaded once per process, as `recon audit` does
@@ -284,7 +284,7 @@ def main() -> None:
                         help="two cold sizes for peak memory, e.g. 10000,1000000 (default '' skips: writing and "
                              "auditing 1M cold records takes a while and about 2 GB of disk)")
     args = parser.parse_args()
-    from recon.engine import DEFAULT_CHUNK, default_workers
+    from recon.audit.engine import DEFAULT_CHUNK, default_workers
 
     # the cold runs are `recon audit` as typed, plus only the engine options given here
     options = [*(["--chunk-size", str(args.chunk_size)] if args.chunk_size else []),

@@ -30,9 +30,10 @@ ROWS = DATA / "recover-heldout.jsonl"
 
 def recover_rows(shard: tuple[int, int], out: Path, threads: int) -> None:
     import recon
-    from recon.profiles import load_profile
-    from recon.records import read_records
-    from recon.recover import make_scorer, recover
+    from recon.audit.profiles import load_profile
+    from recon.samples.records import read_records
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import make_scorer
 
     tok = recon.load_tokenizer("smollm2")
     bound = load_profile("chatml").bind(tok)
@@ -59,8 +60,8 @@ def report(paths: list[Path]) -> None:
     import pandas as pd
 
     import recon
-    from recon.records import read_records
-    from recon.recover import recovery_table
+    from recon.samples.records import read_records
+    from recon.recovery.recover import recovery_table
 
     tok = recon.load_tokenizer("smollm2")
     found = {(r["dataset"], r["id"]): r for p in paths for r in map(json.loads, p.read_text().splitlines())}
@@ -72,7 +73,7 @@ def report(paths: list[Path]) -> None:
                 continue
             canonical = tok.encode(rec.response.content) + ([rec.output_ids[-1]] if rec.response.finish_reason == "stop" else [])
             if "\ufffd" in (rec.response.content or ""):
-                row["confidence"] = 0.0  # as recon.recover.recover sets it: bytes were lost
+                row["confidence"] = 0.0  # as recon.recovery.recover.recover sets it: bytes were lost
             row["non_canonical"] = not row["canonical_exact"] and tok.ids_bytes(canonical) == tok.ids_bytes(rec.output_ids)
             rows.append(row)
     frame = pd.DataFrame(rows)
@@ -100,7 +101,7 @@ def main() -> None:
             return
     parts = sorted(DATA.glob(".recover-shard-*.jsonl"))
     if not parts and ROWS.is_file():  # no fresh shards: report from the bundled rows
-        from recon.recover import recovery_table
+        from recon.recovery.recover import recovery_table
         import pandas as pd
 
         frame = pd.read_json(ROWS, lines=True)

@@ -16,3 +16,15 @@ class TokenizerLoadError(ReconError):
 
 class SpecialTokenMismatch(ReconError):
     """A special token's id differs from what a config or a params file expects."""
+
+
+def one_line(error: object, limit: int = 300) -> str:
+    """An error's text for a one-line report: whitespace runs (newlines too) as one space, cut."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cut(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: file contents shown in a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

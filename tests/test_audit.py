@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from recon import stats
 from recon.audit import CAUSES, audit_records, describe, drilldown
-from recon.export import export_table
-from recon.profiles import Profile, load_profile
-from recon.records import Record, Response, ToolCall, read_records
+from recon.samples.export import export_table
+from recon.audit.profiles import Profile, load_profile
+from recon.samples.records import Record, Response, ToolCall, read_records
 
 from .conftest import ROOT
 from .test_cli import recon
@@ -232,7 +232,7 @@ def test_first_cause_is_the_earliest_divergence(chatml, bundled):
 
 
 def test_stretches_found_for_a_whole_batch_match_the_walk_one_pair_at_a_time(tokenizers, bundled):
-    from recon.audit import _resegmented, _resegmented_batch
+    from recon.audit.classify import _resegmented, _resegmented_batch
 
     tok = tokenizers["smollm2"]
     truths = [r.output_ids for d in bundled.values() for r in d.values()]

@@ -16,8 +16,8 @@ import pytest
 
 from recon import stats
 from recon.audit import REGIONS, audit_records
-from recon.profiles import ParseOptions, load_profile
-from recon.records import Record, Response, ToolCall, read_records
+from recon.audit.profiles import ParseOptions, load_profile
+from recon.samples.records import Record, Response, ToolCall, read_records
 
 from .conftest import ROOT
 
@@ -318,8 +318,8 @@ def test_region_column_through_the_engine_parquet_and_filters(bound, tmp_path):
     """Records of each labelled qwen3 case, audited by the streaming engine in two worker
     processes into samples.parquet: the same regions and causes as in memory; rows filter by region."""
     from recon import views
-    from recon.engine import audit_files
-    from recon.records import write_records
+    from recon.audit.engine import audit_files
+    from recon.samples.records import write_records
 
     b = bound["qwen3"]
     records = []

@@ -1,17 +1,18 @@
-"""The token-space check (recon.canonical) says "these ids are the text's encoding" exactly when
+"""The token-space check (recon.tokenizers.fast.canonical) says "these ids are the text's encoding" exactly when
 the native encoder agrees, and its boundary rules are the native pre-tokenizer's."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import recon
-from recon.bytelevel import piece_to_bytes
-from recon.pretokenize import ALPHABET, OTHER_SPACE, SPACE, ascii_classes, boundary_rules
+from recon.tokenizers.bytelevel import piece_to_bytes
+from recon.tokenizers.fast.pretokenize import ALPHABET, OTHER_SPACE, SPACE, ascii_classes, boundary_rules
 
 from .test_pretokenize import MIXED, PLAIN, SETTINGS, TOKEN
 
@@ -122,7 +123,8 @@ def test_canonical_samples_are_confirmed_and_the_rest_are_not(smollm2):
     refused, before and after the stretches are learned, and with a tiny store that keeps clearing."""
     tok = recon.load_tokenizer("smollm2")  # its own tables, learned from nothing
     rng = random.Random(3)
-    source = (recon.__file__.replace("__init__.py", "audit.py"), recon.__file__.replace("__init__.py", "wordcache.py"))
+    package = Path(recon.__file__).parent
+    source = sorted(package.glob("audit/*.py")) + [package / "tokenizers" / "fast" / "wordcache.py"]
     text = "".join(open(path).read() for path in source)
     texts = [t for t in (text[i : i + 400] for i in range(0, len(text) - 400, 170)) if t.isascii()]
     assert len(texts) > 150

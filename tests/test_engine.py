@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from recon.audit import audit_records
-from recon.engine import audit_files
-from recon.profiles import load_profile
-from recon.records import read_records
+from recon.audit.engine import audit_files
+from recon.audit.profiles import load_profile
+from recon.samples.records import read_records
 
 from .conftest import ROOT
 
@@ -77,7 +77,7 @@ def test_two_worker_processes_are_identical(tmp_path, in_process, monkeypatch):
 
 def test_export_streams_through_the_engine_as_the_in_memory_export_does(tmp_path, tokenizers):
     from recon.errors import ReconError
-    from recon.export import export_table
+    from recon.samples.export import export_table
 
     records = read_records(DATA).records
     want = export_table(records, audit_records(records, load_profile("chatml").bind(tokenizers["smollm2"]), "concat",

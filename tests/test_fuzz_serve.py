@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recon.serve import (ApiError, Gate, content_deltas, host_allowed, parse_body, parse_chat_request,
+from recon.server.serve import (ApiError, Gate, content_deltas, host_allowed, parse_body, parse_chat_request,
                          parse_completion_request, send_events)
 
 from .test_serve import CONCURRENCY, QUEUE, SERVE_OPTIONS, shared_server

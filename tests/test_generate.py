@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from recon.errors import ReconError
-from recon.generate import load_prompts
-from recon.records import read_records
+from recon.recovery.model import load_prompts
+from recon.samples.records import read_records
 
 from .conftest import ROOT
 from .test_cli import recon

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recon.importers import from_chat_completion, from_sglang, iter_import, pair_files, to_openai_chat, to_sglang, to_vllm_chat
-from recon.io import RecordError
-from recon.records import Record, parse_record, read_records, write_records
+from recon.samples.importers import from_chat_completion, from_sglang, iter_import, pair_files, to_openai_chat, to_sglang, to_vllm_chat
+from recon.samples.io import RecordError
+from recon.samples.records import Record, parse_record, read_records, write_records
 
 from .conftest import ROOT
 from .test_cli import recon

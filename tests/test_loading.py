@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from recon import TokenizerLoadError, load_tokenizer
-from recon.tokenizer import MAX_RUN_CHARS, split_long_runs
+from recon.tokenizers.native import MAX_RUN_CHARS, split_long_runs
 
 from .conftest import KIMI_CONFIG, ROOT, qwen_ranks_path
 
@@ -244,7 +244,7 @@ def test_recon_never_passes_trust_remote_code():
 
 
 def test_a_converted_gguf_tokenizer_is_cached_and_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch, tokenizers):
-    import recon.loading as loading
+    import recon.tokenizers.gguf as gguf
 
     monkeypatch.setenv("RECON_CACHE_DIR", str(tmp_path / "cache"))
     first = load_tokenizer("smollm2")  # builds from the GGUF header and keeps the build
@@ -254,7 +254,7 @@ def test_a_converted_gguf_tokenizer_is_cached_and_a_damaged_cache_is_rebuilt(tmp
     def no_rebuild(path):
         raise AssertionError("rebuilt although a cache entry exists")
 
-    monkeypatch.setattr(loading, "_build_gguf", no_rebuild)
+    monkeypatch.setattr(gguf, "_build_gguf", no_rebuild)
     second = load_tokenizer("smollm2")
     text = "Hello <|im_end|> 12345 naïve 🤖\n\n  x"
     assert second.encode(text) == first.encode(text) == tokenizers["smollm2"].encode(text)

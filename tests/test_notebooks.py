@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recon.report import load_params, notebook_parameters, read_records
+from recon.notebook.report import load_params, notebook_parameters, read_records
 
 from .conftest import ROOT
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import recon
-from recon.bytelevel import piece_to_bytes
-from recon.families import FAMILIES
-from recon.pretokenize import (
+from recon.tokenizers.bytelevel import piece_to_bytes
+from recon.tokenizers.families import FAMILIES
+from recon.tokenizers.fast.pretokenize import (
     ALPHABET, DIGITS_THEN_GPT2, GPT2_PATTERN, _anchored, _compile, _hf_patterns, ascii_pattern, for_huggingface,
     for_tiktoken, plain,
 )

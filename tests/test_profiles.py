@@ -7,9 +7,9 @@ import json
 import pytest
 
 from recon import ReconError
-from recon.profiles import ParseOptions, builtin_profiles, load_profile
-from recon.reconstruct import reconstruct, reconstruct_batch
-from recon.records import Response, ToolCall, TokenLogprob, read_records
+from recon.audit.profiles import ParseOptions, builtin_profiles, load_profile
+from recon.audit.reconstruct import reconstruct, reconstruct_batch
+from recon.samples.records import Response, ToolCall, TokenLogprob, read_records
 
 from .conftest import ROOT
 
@@ -216,8 +216,8 @@ def test_reconstruct_cli_adds_recon_ids(tmp_path):
 
 
 def test_roundtrip_mode_parses_output_ids_when_there_is_no_response(tokenizers):
-    from recon.reconstruct import reconstruct_records
-    from recon.records import Record
+    from recon.audit.reconstruct import reconstruct_records
+    from recon.samples.records import Record
 
     b = load_profile("chatml").bind(tokenizers["smollm2"])
     records = [Record(r.id, r.dataset, r.output_ids) for r in read_records(ROOT / "data" / "smollm2-t0.7.jsonl").records[:30]]

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recon.records import Record, iter_records, read_records, write_records
+from recon.samples.records import Record, iter_records, read_records, write_records
 
 from .conftest import ROOT
 from .test_cli import recon
@@ -120,7 +120,7 @@ def test_validate_cli_reports_each_problem_then_a_summary(tmp_path, tokenizers):
 
 
 def test_seen_ids_stay_exact_across_flushes():
-    from recon.records import SeenIds
+    from recon.samples.records import SeenIds
 
     seen = SeenIds()
     seen.FLUSH = 1000
@@ -131,7 +131,7 @@ def test_seen_ids_stay_exact_across_flushes():
 
 
 def test_seen_ids_in_bulk_agree_with_one_at_a_time():
-    from recon.records import SeenIds
+    from recon.samples.records import SeenIds
 
     names = [str(k % 3000) for k in range(7000)]  # repeats within a batch and across batches
     one, bulk = SeenIds(), SeenIds()
@@ -161,7 +161,7 @@ def test_write_records_leaves_nothing_half_written(tmp_path):
 
 
 def test_integers_past_64_bits_stay_integers_and_lines_parse_alike_whichever_parser(tmp_path):
-    from recon.io import iter_json_lines
+    from recon.samples.io import iter_json_lines
 
     path = tmp_path / "big.jsonl"
     path.write_text('{"id": "a", "output_ids": [1, 2], "meta": {"big": 123456789012345678901234, "x": 1.5}}\n'

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from recon.audit import audit_records
-from recon.export import Policy, export_rows
-from recon.profiles import load_profile
-from recon.records import read_records, write_records
-from recon.recover import Segmenter, _cuts, recovery_plot_data, recovery_table
+from recon.samples.export import Policy, export_rows
+from recon.audit.profiles import load_profile
+from recon.samples.records import read_records, write_records
+from recon.recovery.recover import Segmenter, _cuts, recovery_plot_data, recovery_table
 
 from .conftest import ROOT
 from .test_cli import recon
@@ -26,7 +26,7 @@ RECOVERED = ["p022-3", "p026-3"]
 @pytest.fixture(scope="module")
 def model():
     pytest.importorskip("torch", reason="recovery scores with the local model (the 'generate' extra)")
-    from recon.generate import LocalModel
+    from recon.recovery.model import LocalModel
 
     return LocalModel("smollm2", threads=1)  # one thread: two spin against each other on 2 shared cores
 
@@ -97,7 +97,8 @@ def test_segmenter_on_the_real_vocabulary(tokenizers):
 
 
 def test_recovery_gets_real_non_canonical_samples_back(model, bound, warm):
-    from recon.recover import LocalScorer, recover
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
 
     tok = bound.tok
     picked = [warm[i] for i in RECOVERED]
@@ -117,7 +118,8 @@ def test_recovery_gets_real_non_canonical_samples_back(model, bound, warm):
 
 
 def test_an_exact_sample_stays_exact_and_a_record_without_prompt_is_reported(model, bound, warm):
-    from recon.recover import LocalScorer, recover
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
 
     exact = warm["p001-0"]
     assert tuple(bound.tok.encode(exact.response.content)) == tuple(exact.output_ids[:-1])
@@ -189,7 +191,7 @@ def test_cli_recover_writes_meta_and_a_summary(tmp_path, warm, model):
 def test_server_scorer_agrees_with_the_local_model(model, tokenizers):
     """`recon serve`'s /v1/completions prompt_logprobs (vLLM's shape) through ServerScorer."""
     pytest.importorskip("openai")
-    from recon.recover import LocalScorer, ServerScorer
+    from recon.recovery.scorers import LocalScorer, ServerScorer
 
     from .test_serve import SERVE_OPTIONS, shared_server
 
@@ -205,7 +207,7 @@ def test_server_scorer_agrees_with_the_local_model(model, tokenizers):
 
 def test_parse_prompt_logprobs_errors():
     from recon.errors import ReconError
-    from recon.recover import parse_prompt_logprobs
+    from recon.recovery.scorers import parse_prompt_logprobs
 
     good = {"choices": [{"prompt_logprobs": [None, {"7": {"logprob": -1.5, "rank": 2, "decoded_token": "x"},
                                                     "9": {"logprob": -0.5, "rank": 1, "decoded_token": "y"}}]}]}
@@ -258,7 +260,8 @@ def test_bundled_recovery_rows_match_the_held_out_data(tokenizers):
 
 
 def test_recovery_reproduces_held_out_rows(model, bound):
-    from recon.recover import LocalScorer, recover
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
 
     rows = {r["id"]: r for r in map(json.loads, (DATA / "recover-heldout.jsonl").read_text().splitlines())
             if r["dataset"] == "heldout-t0.7"}

@@ -17,10 +17,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from recon.cli import build_parser
-from recon.client import chat
+from recon.server.client import chat
 from recon.errors import ReconError
-from recon.importers import from_chat_completion
-from recon.records import parse_record, read_records
+from recon.samples.importers import from_chat_completion
+from recon.samples.records import parse_record, read_records
 
 from .conftest import ROOT
 from .test_cli import recon
@@ -79,7 +79,7 @@ def client(server):
 
 def test_binds_loopback_unless_told_otherwise():
     assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
-    from recon.serve import make_server
+    from recon.server.serve import make_server
 
     assert inspect.signature(make_server).parameters["host"].default == "127.0.0.1"
 

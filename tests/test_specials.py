@@ -9,7 +9,7 @@ import pytest
 
 import recon
 from recon import SpecialTokenMismatch, specials
-from recon.plots import specials_overview_data
+from recon.notebook.plots import specials_overview_data
 
 EXPECTED = {
     "smollm2": {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2},

@@ -6,9 +6,9 @@ import pytest
 
 from recon import specials, views
 from recon.audit import audit_records
-from recon.profiles import load_profile
-from recon.records import read_records
-from recon.widgets import SampleBrowser, SpecialExplorer, TokenInspector
+from recon.audit.profiles import load_profile
+from recon.samples.records import read_records
+from recon.notebook.widgets import SampleBrowser, SpecialExplorer, TokenInspector
 
 from .conftest import ROOT
 

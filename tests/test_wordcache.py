@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import recon
-from recon.records import read_records
-from recon.wordcache import WordCache, split_words
+from recon.samples.records import read_records
+from recon.tokenizers.fast.wordcache import WordCache, split_words
 
 from .conftest import ROOT
 

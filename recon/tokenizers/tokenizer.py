@@ -1,0 +1,258 @@
+"""One tokenizer interface over two native cores: HF ``tokenizers`` and ``tiktoken``.
+
+Everything else in recon talks to a :class:`Tokenizer`: single and batch encode/decode, the
+vocabulary size, id <-> piece and id <-> bytes, and the added tokens with the ids a config
+declared for them. The two backends reproduce their original loaders' behaviour:
+
+* ``encode(text)`` adds no BOS/EOS and, by default, turns the literal text of an added token
+  into its id (``allow_special=True``), as chat templates and servers do;
+* ``decode(ids)`` keeps special tokens and replaces bytes that are not valid UTF-8 with U+FFFD,
+  so a sample cut inside a character decodes to a replacement character, as servers return it.
+
+Ids are assumed to be in the vocabulary; validating them is the input reader's job.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+from recon.tokenizers.fast.canonical import CanonicalCheck
+from recon.tokenizers.fast.pretokenize import Boundaries
+from recon.tokenizers.fast.wordcache import WordCache
+
+
+@dataclass(frozen=True)
+class AddedToken:
+    """A token outside the BPE merges: a special/control token or a user-added one."""
+
+    id: int
+    content: str
+    special: bool
+    #: False for ids recon filled in itself (e.g. Kimi's ``<|reserved_token_N|>``).
+    declared: bool = True
+
+
+@dataclass
+class Tokenizer(ABC):
+    """A loaded tokenizer. Build one with :func:`recon.load_tokenizer`."""
+
+    name: str
+    source: Path
+    kind: str
+    #: Added tokens as loaded, sorted by id.
+    added_tokens: tuple[AddedToken, ...]
+    #: What the tokenizer's config declares: id -> token. Empty when the file is its own config.
+    declared: dict[int, AddedToken] = field(default_factory=dict)
+    #: Named roles from the config (``bos``, ``eos``, ``pad``, ``unk``) -> token text.
+    roles: dict[str, str] = field(default_factory=dict)
+
+    # -- encode / decode ---------------------------------------------------------------
+    @abstractmethod
+    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
+        """Ids for ``text``; with ``allow_special`` the text of added tokens becomes their ids."""
+
+    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True,
+                     guesses: Sequence[Sequence[int] | None] | None = None,
+                     decoded: Sequence[str | None] | None = None) -> list[list[int]]:
+        """``[encode(t) for t in texts]``, through the tokenizer's word cache where it has one.
+
+        ``guesses``: ids expected to be each text's encoding (None where there is no guess), as
+        an audit expects a sample's text to encode back to its ids. Where a guess spells the text,
+        its encoding is worked out on the ids (:mod:`recon.tokenizers.fast.canonical`): the guess itself (copied)
+        where it is the encoding, else with only the stretches that aren't encoded again; the
+        result is the same either way.
+        ``decoded``: each guess as :meth:`decode_batch` returned it (None where not at hand), so
+        the guesses need not be decoded again to compare with the texts; it must be exactly that."""
+        cache = self.word_cache(allow_special)
+        if cache is None:
+            return self._encode_batch(texts, allow_special)
+        check = self.canonical_check() if guesses is not None and allow_special else None
+        if check is None:
+            return cache.encode_batch(texts)
+        out = check.encode(texts, guesses, decoded)
+        rest = [k for k, ids in enumerate(out) if ids is None]
+        for k, ids in zip(rest, cache.encode_batch([texts[k] for k in rest])):
+            out[k] = ids
+        return out  # type: ignore[return-value]
+
+    def canonical_check(self) -> CanonicalCheck | None:
+        """The :class:`~recon.tokenizers.fast.canonical.CanonicalCheck` behind ``encode_batch(..., guesses=)``,
+        or None where this tokenizer has no boundary rules (or no word cache, or no decode table)."""
+        if "_canonical" not in self.__dict__:
+            rules = self._boundary_rules()
+            cache = self.word_cache(True) if rules is not None else None
+            texts = self._ascii_texts if cache is not None else None
+            self._canonical = (CanonicalCheck(cache, texts, self.length_array, rules, self.added_ids)  # type: ignore[arg-type]
+                               if texts is not None else None)
+        return self._canonical
+
+    def _boundary_rules(self) -> Boundaries | None:
+        return None
+
+    def _encode_batch(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:
+        """The native core's batch encode (what the word cache falls back to)."""
+        return [self.encode(t, allow_special=allow_special) for t in texts]
+
+    def word_cache(self, allow_special: bool = True) -> WordCache | None:
+        """The :class:`~recon.tokenizers.fast.wordcache.WordCache` batch encodes go through, or None where this
+        tokenizer's pre-tokenizer isn't one the cache is exact for (checked on probe texts against
+        the native encoder) or ``RECON_WORD_CACHE=0`` is set."""
+        if os.environ.get("RECON_WORD_CACHE", "1") == "0":
+            return None
+        caches = self.__dict__.setdefault("_word_caches", {})
+        if allow_special not in caches:
+            cache = self._make_word_cache(allow_special)
+            caches[allow_special] = cache if cache is not None and cache.agrees() else None
+        return caches[allow_special]
+
+    def _make_word_cache(self, allow_special: bool) -> WordCache | None:
+        return None
+
+    def prepare(self) -> "Tokenizer":
+        """Build now the tables batch calls build on first use (the word cache, the decode table,
+        byte lengths): a process that forks workers calls this first, so they share one copy."""
+        self.word_cache(True)
+        self._ascii_texts
+        self.length_array
+        self.canonical_check()
+        return self
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text for ``ids``: special tokens kept, invalid UTF-8 replaced by U+FFFD."""
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """``[decode(ids) for ids in batch]``. A sequence of ASCII tokens (most of code and English)
+        is joined from a table of their texts, checked against the native decode when built;
+        the rest go to the native core in one batch."""
+        texts = self._ascii_texts
+        if texts is None:
+            return self._decode_batch(batch)
+        join, get = "".join, texts.__getitem__
+        out: list[str | None] = []
+        for ids in batch:
+            try:  # any other token is None in the table (a negative id too), and join refuses it
+                out.append(join(map(get, ids)))
+            except (TypeError, IndexError):
+                out.append(None)
+        slow = [k for k, text in enumerate(out) if text is None]
+        if slow:
+            for k, text in zip(slow, self._decode_batch([batch[k] for k in slow])):
+                out[k] = text
+        return out  # type: ignore[return-value]
+
+    def _decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """The native core's batch decode."""
+        return [self.decode(ids) for ids in batch]
+
+    #: whether :meth:`decode` of ASCII tokens is their bytes joined (set by backends where it is)
+    _joins_bytes = False
+
+    @cached_property
+    def _ascii_texts(self) -> list[str | None] | None:
+        """The text of each token whose bytes are ASCII and whose native decode is exactly that
+        text, else None; or None where decoding is not a join of token bytes. As many Nones
+        follow, so that a negative id (``texts[-1]`` is the last entry) finds None too."""
+        if not self._joins_bytes:
+            return None
+        texts = [data.decode("ascii") if data and data.isascii() else None for data in self.token_bytes]
+        ids = [i for i, text in enumerate(texts) if text is not None]
+        # all of them decoded in one sequence first: where that is their texts joined (a decoder
+        # that joins tokens' bytes, as this table assumes), each decodes to its own; else one by one
+        if self._decode_batch([ids])[0] != "".join(texts[i] for i in ids):
+            for i, native in zip(ids, self._decode_batch([[i] for i in ids])):
+                if native != texts[i]:
+                    texts[i] = None
+        return texts + [None] * len(texts)
+
+    # -- vocabulary ------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids the model can emit: the largest id + 1."""
+
+    @abstractmethod
+    def id_to_bytes(self, token_id: int) -> bytes:
+        """The exact bytes a token stands for (an added token: its UTF-8 text)."""
+
+    @abstractmethod
+    def id_to_piece(self, token_id: int) -> str | None:
+        """The vocabulary's string for a token (byte-level form, e.g. ``Ġjets``), or None."""
+
+    @abstractmethod
+    def piece_to_id(self, piece: str) -> int | None:
+        """The id whose vocabulary string is ``piece`` (added tokens by their text), or None."""
+
+    @cached_property
+    def added_by_content(self) -> dict[str, AddedToken]:
+        return {t.content: t for t in self.added_tokens}
+
+    @cached_property
+    def token_bytes(self) -> list[bytes]:
+        """``token_bytes[id]`` is the token's bytes (``b""`` for a gap): a table for fast joins."""
+        table = []
+        for i in range(self.vocab_size):
+            try:
+                table.append(self.id_to_bytes(i))
+            except KeyError:
+                table.append(b"")
+        return table
+
+    @cached_property
+    def pieces(self) -> list[str]:
+        """``pieces[id]``: :meth:`id_to_piece` as a table (``"<id>"`` for an id no token holds)."""
+        return [self.id_to_piece(i) or f"<{i}>" for i in range(self.vocab_size)]
+
+    @cached_property
+    def added_ids(self) -> frozenset[int]:
+        return frozenset(t.id for t in self.added_tokens)
+
+    @cached_property
+    def token_lengths(self) -> list[int]:
+        """``token_lengths[id]``: the token's length in bytes."""
+        return [len(b) for b in self.token_bytes]
+
+    @cached_property
+    def length_array(self):
+        """:attr:`token_lengths` as a numpy array (for whole-batch offset arithmetic)."""
+        import numpy as np
+
+        return np.array(self.token_lengths, dtype=np.int64)
+
+    @cached_property
+    def byte_table(self):
+        """Every token's bytes end to end (numpy uint8) and where each id's begin (numpy int64)."""
+        import numpy as np
+
+        table = np.frombuffer(b"".join(self.token_bytes), dtype=np.uint8)
+        return table, np.cumsum(self.length_array) - self.length_array
+
+    def ids_bytes(self, ids: Sequence[int]) -> bytes:
+        """The exact bytes of a sequence of ids (no UTF-8 decoding, nothing replaced)."""
+        return b"".join(map(self.token_bytes.__getitem__, ids))
+
+    @cached_property
+    def gap_ids(self) -> frozenset[int]:
+        """Ids below ``vocab_size`` that no token holds (decoding them fails)."""
+        return frozenset(i for i, data in enumerate(self.token_bytes) if not data)
+
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of added tokens flagged special (the ones servers skip in returned text)."""
+        return frozenset(t.id for t in self.added_tokens if t.special)
+
+    @cached_property
+    def bytes_to_id(self) -> dict[bytes, int]:
+        """Every token's exact bytes -> its id (the lowest id where two tokens share bytes)."""
+        return {data: i for i, data in reversed(list(enumerate(self.token_bytes))) if data}
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.name!r} kind={self.kind} vocab_size={self.vocab_size} "
+            f"added_tokens={len(self.added_tokens)}>"
+        )
