@@ -473,6 +473,43 @@ def test_templates_cannot_exhaust_memory():
             render_chat_template(tpl, "t")
 
 
+def test_templates_cannot_hang_on_work_that_prints_nothing(monkeypatch):
+    """The output cap cannot see loops that print nothing; the work budget can."""
+    import recon.recovery.templates as templates
+
+    budget = r"^t: chat template: more than {} loop iterations and calls; refused$"
+    nested = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"  # 10^10 steps
+    with pytest.raises(ReconError, match=budget.format(templates.MAX_TEMPLATE_STEPS)):
+        render_chat_template(nested, "t")
+    monkeypatch.setattr(templates, "MAX_TEMPLATE_STEPS", 50_000)  # the same budget, smaller: a faster test
+    for tpl in [
+        nested,
+        "{% for i in range(100000) if i < 0 %}{% endfor %}{% for i in range(100000) if i < 0 %}{% endfor %}",
+        "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",  # 2^60 calls
+        "{% for x in range(3) recursive %}{% if loop.depth < 60 %}{{ loop(range(3)) }}{% endif %}{% endfor %}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% set _ = 'x'.upper() %}{% endfor %}{% endfor %}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ loop.last and '' }}{% endfor %}{% endfor %}",
+    ]:
+        with pytest.raises(ReconError, match=budget.format(50_000)):
+            render_chat_template(tpl, "t")
+    monkeypatch.undo()
+    # the budget is per render: one that used most of it does not starve the next
+    most = "{% for i in range(9) %}{% for j in range(100000) %}{% endfor %}{% endfor %}ok"  # 900,009 steps
+    assert render_chat_template(most, "t") == render_chat_template(most, "t") == "ok"
+
+
+def test_a_real_template_on_a_long_conversation_is_within_the_budget(smollm2_gguf):
+    import jinja2
+
+    from recon.tokenizers.gguf_reader import read_gguf_metadata
+
+    template = read_gguf_metadata(smollm2_gguf)["tokenizer.chat_template"]
+    messages = [{"role": ("user", "assistant")[i % 2], "content": f"message {i}"} for i in range(20_000)]
+    plain = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True).from_string(template)
+    ours = render_chat_template(template, "smollm2", messages=messages, add_generation_prompt=True)
+    assert ours == plain.render(messages=messages, add_generation_prompt=True)
+
+
 def test_real_smollm2_template_renders_as_before(smollm2_gguf):
     """The sandbox changes nothing for a real template: same text as jinja2's plain rendering."""
     import jinja2
