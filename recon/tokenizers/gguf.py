@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from contextlib import suppress
+from functools import lru_cache
 from pathlib import Path
 
 from recon.errors import TokenizerLoadError, cut, one_line
@@ -50,9 +52,28 @@ def load_gguf(path: Path, *, name: str | None = None) -> HFTokenizer:
     )
 
 
-#: Bumped whenever what :func:`_build_gguf` makes of a file changes: older cache entries are ignored.
-GGUF_CACHE_VERSION = 1
+#: The cache format; the conversion itself is keyed by :func:`conversion_key`, so no one needs to
+#: remember to bump anything when the conversion changes.
+GGUF_CACHE_VERSION = 2
 MAX_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@lru_cache(maxsize=1)
+def conversion_key() -> str:
+    """What a cached build depends on besides the file: the source of the code that converts
+    (this module, the header reader, the tokenizer wrapper it builds) and the ``tokenizers``
+    version that serialised it. Any edit to the conversion, or an upgrade, misses the old
+    entries instead of serving a stale tokenizer."""
+    import hashlib
+
+    import tokenizers
+
+    from recon.tokenizers import gguf_reader, native, tokenizer
+
+    digest = hashlib.sha256(tokenizers.__version__.encode())
+    for module in (sys.modules[__name__], gguf_reader, native, tokenizer):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def cache_dir() -> Path:
@@ -70,7 +91,7 @@ def _gguf_cache_path(path: Path) -> Path | None:
         stat = path.stat()
     except OSError:
         return None
-    key = f"{GGUF_CACHE_VERSION}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    key = f"{GGUF_CACHE_VERSION}|{conversion_key()}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     return cache_dir() / "gguf" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
 
 
