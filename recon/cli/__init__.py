@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recon.cli import audit, model, report, samples, server, tokens
+from recon.cli import audit, model, report, samples, server, setup, tokens
 from recon.errors import ReconError, SpecialTokenMismatch
 
 #: the subcommands, in the order ``recon --help`` lists them
 COMMANDS = (
+    setup.add_setup,
     tokens.add_tokens,
     report.add_report,
     audit.add_reconstruct,

