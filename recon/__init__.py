@@ -69,10 +69,17 @@ MOVED = {
 }
 
 
+#: the rooms, importable as attributes too (``recon.audit.audit_records`` after ``import recon``)
+ROOMS = ("tokenizers", "samples", "audit", "recovery", "server", "notebook", "cli")
+
+
 def __getattr__(name: str):
-    """``from recon import specials`` (and the other flat names) imports the module on first use."""
+    """``from recon import specials`` (and the other flat names) and ``recon.audit`` (and the
+    other rooms) import the module on first use."""
     if name in MOVED:
         return importlib.import_module(MOVED[name])
+    if name in ROOMS:
+        return importlib.import_module(f"recon.{name}")
     raise AttributeError(f"module 'recon' has no attribute {name!r}")
 
 

@@ -18,6 +18,11 @@ class SpecialTokenMismatch(ReconError):
     """A special token's id differs from what a config or a params file expects."""
 
 
+class CheckFailed(ReconError):
+    """Two ways of computing the same result disagreed (``recon audit --check``): a bug in recon,
+    never the input's fault."""
+
+
 def one_line(error: object, limit: int = 300) -> str:
     """An error's text for a one-line report: whitespace runs (newlines too) as one space, cut."""
     text = " ".join(str(error).split())

@@ -67,18 +67,28 @@ def iter_raw_chunks(paths: Iterable[str | Path], size: int, *, vocab_size: int |
         del items
 
 
+#: how batch encodes run: ``fast`` (the exact fast paths, checked against the native encoder) or
+#: ``native`` (every text through the tokenizer's own encoder)
+ENCODERS = ("fast", "native")
+
+
 @lru_cache(maxsize=4)
-def _bound(tokenizer: str, family: str | None, profile: str) -> BoundProfile:
+def _bound(tokenizer: str, family: str | None, profile: str, encoder: str = "fast") -> BoundProfile:
     """One tokenizer and profile per process: a Dask worker loads them once."""
     from recon.tokenizers.load import load_tokenizer
 
-    return load_profile(profile).bind(load_tokenizer(tokenizer, family=family).prepare())  # before workers fork
+    if encoder not in ENCODERS:
+        raise ReconError(f"encoder {encoder!r}: expected one of {', '.join(ENCODERS)}")
+    tok = load_tokenizer(tokenizer, family=family)
+    tok.fast_paths = encoder == "fast"
+    return load_profile(profile).bind(tok.prepare())  # before workers fork
 
 
 def audit_chunk(tokenizer: str, family: str | None, profile: str, method: str, mode: str,
-                options: ParseOptions | None, records: Sequence[Record], keep_ids: bool = False) -> list[dict]:
+                options: ParseOptions | None, encoder: str, records: Sequence[Record], keep_ids: bool = False) -> list[dict]:
     """Audit one chunk in whatever process runs this (the driver, or a worker)."""
-    return audit_rows(records, _bound(tokenizer, family, profile), method, mode=mode, options=options, keep_ids=keep_ids)
+    bound = _bound(tokenizer, family, profile, encoder)
+    return audit_rows(records, bound, method, mode=mode, options=options, keep_ids=keep_ids)
 
 
 @dataclass
@@ -168,7 +178,7 @@ def audit_files(paths: Sequence[str | Path], *, tokenizer: str, profile: str, fa
                 chunk_size: int = DEFAULT_CHUNK, **kw) -> AuditRun:
     """Audit every record of ``paths``, streamed in chunks of ``chunk_size``; bad records are
     reported in the run's ``errors`` and the rest go on. Keywords as for :func:`audit_stream`."""
-    bound = _bound(tokenizer, family, profile)  # fail fast on a bad spec or profile, before any work
+    bound = _bound(tokenizer, family, profile, kw.get("encoder", "fast"))  # fail fast on a bad spec or profile
     chunks = iter_raw_chunks(paths, chunk_size, vocab_size=bound.tok.vocab_size)
     run = audit_stream(chunks, tokenizer=tokenizer, profile=profile, family=family, **kw)
     errors = run.errors
@@ -194,6 +204,7 @@ def audit_stream(
     client=None,
     workers: int | None = None,
     progress: bool | None = None,
+    encoder: str = "fast",
 ) -> AuditRun:
     """Audit chunks of records (or :class:`RawChunk` s, parsed where they are audited, their bad
     records in the run's ``errors``, duplicate ids too); write the audit rows to ``rows_path`` (Parquet), or the
@@ -202,13 +213,14 @@ def audit_stream(
 
     Chunks go to ``workers`` processes on this machine (default: one per core; 1 = this process).
     ``dask``: ``"local"`` (a LocalCluster on this machine) or a scheduler address; or pass a
-    ``client``. Results are identical whichever runs them.
+    ``client``. Results are identical whichever runs them, and whichever ``encoder``
+    (:data:`ENCODERS`) encodes.
     """
     if rows_path is not None and export_path is not None:
         raise ReconError("write audit rows or an export, not both in one run")
     if export_path is not None:
         check_policy(policy)
-    _bound(tokenizer, family, profile)  # loaded here, so forked workers start with it
+    _bound(tokenizer, family, profile, encoder)  # loaded here, so forked workers start with it
     tally, kept = Tally(), 0
     writer, output = None, None
     if rows_path is not None:
@@ -219,7 +231,7 @@ def audit_stream(
     own_client = client is None and dask is not None
     if own_client:
         client = _dask_client(dask)
-    args = (tokenizer, family, profile, method, mode, options)
+    args = (tokenizer, family, profile, method, mode, options, encoder)
     errors: list[RecordError] = []
     seen: dict[str, SeenIds] = {}
     try:

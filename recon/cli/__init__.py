@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from recon.cli import audit, model, report, samples, server, setup, tokens
-from recon.errors import ReconError, SpecialTokenMismatch
+from recon.errors import CheckFailed, ReconError, SpecialTokenMismatch
 
 #: the subcommands, in the order ``recon --help`` lists them
 COMMANDS = (
@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except SpecialTokenMismatch as e:
         print(f"recon: mismatch: {e}", file=sys.stderr)
+        return 1
+    except CheckFailed as e:
+        print(f"recon: check failed: {e}", file=sys.stderr)
         return 1
     except ReconError as e:
         print(f"recon: error: {e}", file=sys.stderr)

@@ -15,6 +15,7 @@ from recon.cli.options import (
     _parse_options,
     _print_errors,
 )
+from recon.errors import CheckFailed, ReconError
 from recon.samples.io import bad_record_count
 
 
@@ -57,26 +58,80 @@ def _print_summary(summary: dict) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    import tempfile
+
     from recon.audit.engine import audit_files
 
     out = Path(args.out) if args.out else None
-    run = audit_files(
-        args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
-        mode=args.mode, options=_parse_options(args), rows_path=out / "samples.parquet" if out else None,
-        dask=args.dask, **_engine_options(args),
-    )
-    _print_errors(run.errors)
-    summary = run.summary
-    summary["bad_records"] = bad_record_count(run.errors)
+    with tempfile.TemporaryDirectory(prefix="recon-check-") as scratch:
+        rows = out / "samples.parquet" if out else (Path(scratch) / "fast.parquet" if args.check else None)
+        def audit(encoder: str, rows_path: Path | None):
+            return audit_files(
+                args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
+                mode=args.mode, options=_parse_options(args), rows_path=rows_path, dask=args.dask,
+                **{**_engine_options(args), "encoder": encoder},
+            )
+        run = audit(args.encoder, rows)
+        _print_errors(run.errors)
+        summary = run.summary
+        summary["bad_records"] = bad_record_count(run.errors)
+        if args.check:
+            if args.check == args.encoder:
+                raise ReconError(f"--check {args.check} with --encoder {args.encoder}: nothing to compare")
+            audit(args.check, Path(scratch) / "check.parquet")
+            summary["check"] = {"encoder": args.check, "rows": same_rows(rows, Path(scratch) / "check.parquet",
+                                                                         args.encoder, args.check)}
     if out:
         (out / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     if args.json:
         print(json.dumps(summary, ensure_ascii=False))
     else:
         _print_summary(summary)
+        if args.check:
+            print(f"check: all {summary['check']['rows']} rows identical with --encoder {args.encoder} and {args.check}")
         if out:
             print(f"per-sample results: {out / 'samples.parquet'}; summary: {out / 'summary.json'}")
     return 0
+
+
+def same_rows(a: Path, b: Path, a_name: str, b_name: str) -> int:
+    """How many rows two audits' ``samples.parquet`` hold, once every row is found equal, read
+    in step a batch at a time (flat memory); the first difference is an error naming the sample
+    and the column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def batches(path: Path):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=8192):
+            yield pa.Table.from_batches([batch])
+
+    left, right = batches(a), batches(b)
+    x = y = None
+    rows = 0
+    while True:
+        x = x if x is not None and x.num_rows else next(left, None)
+        y = y if y is not None and y.num_rows else next(right, None)
+        if x is None or y is None:
+            if x is not None or y is not None:
+                raise CheckFailed(f"--encoder {a_name} gave {'more' if x is not None else 'fewer'} rows "
+                                 f"than {b_name} after row {rows}")
+            return rows
+        n = min(x.num_rows, y.num_rows)
+        if not x.slice(0, n).equals(y.slice(0, n)):
+            for k in range(n):
+                one, other = x.slice(k, 1).to_pylist()[0], y.slice(k, 1).to_pylist()[0]
+                if one != other:
+                    column = next(c for c in one if one[c] != other[c])
+                    raise CheckFailed(
+                        f"row {rows + k} (sample {one['id']!r} of {one['dataset']!r}) differs in {column}: "
+                        f"--encoder {a_name} {_short(one[column])}, {b_name} {_short(other[column])}")
+        rows += n
+        x, y = x.slice(n), y.slice(n)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -110,6 +165,9 @@ def add_audit(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_engine_arguments(p)
     p.add_argument("--dask", metavar="ADDRESS", help="run on a Dask cluster: 'local' (LocalCluster) or tcp://scheduler:8786")
+    p.add_argument("--check", choices=["native", "fast"],
+                   help="audit again with this encoder and fail unless every row is identical (native: the tokenizer's "
+                        "own encoder checks recon's fast paths)")
     p.set_defaults(func=cmd_audit)
 
 

@@ -33,7 +33,7 @@ def _add_data_arguments(p: argparse.ArgumentParser, data: str = "sample files (J
 
 
 def _engine_options(args: argparse.Namespace) -> dict:
-    options = {"workers": args.workers}
+    options = {"workers": args.workers, "encoder": args.encoder}
     if args.chunk_size:
         options["chunk_size"] = args.chunk_size
     return options
@@ -44,6 +44,9 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="records per batch (memory holds a few per worker; default 1,000)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="worker processes on this machine (default: one per core; 1 = in this process)")
+    p.add_argument("--encoder", default="fast", choices=["fast", "native"],
+                   help="fast: recon's exact fast paths (default); native: every text through the tokenizer's own "
+                        "encoder, the oracle the fast paths are checked against")
 
 
 def _add_audit_arguments(p: argparse.ArgumentParser) -> None:

@@ -41,6 +41,12 @@ class AddedToken:
 class Tokenizer(ABC):
     """A loaded tokenizer. Build one with :func:`recon.load_tokenizer`."""
 
+    #: Whether batch encodes may take the exact fast paths (:mod:`recon.tokenizers.fast`). False:
+    #: every text goes through the native encoder, the oracle the fast paths are checked against
+    #: (``recon audit --encoder native``; ``--check native`` runs both and compares). Not a
+    #: dataclass field: set it on a loaded tokenizer.
+    fast_paths = True
+
     name: str
     source: Path
     kind: str
@@ -101,8 +107,8 @@ class Tokenizer(ABC):
     def word_cache(self, allow_special: bool = True) -> WordCache | None:
         """The :class:`~recon.tokenizers.fast.wordcache.WordCache` batch encodes go through, or None where this
         tokenizer's pre-tokenizer isn't one the cache is exact for (checked on probe texts against
-        the native encoder) or ``RECON_WORD_CACHE=0`` is set."""
-        if os.environ.get("RECON_WORD_CACHE", "1") == "0":
+        the native encoder), or the fast paths are off (:attr:`fast_paths`, ``RECON_WORD_CACHE=0``)."""
+        if not self.fast_paths or os.environ.get("RECON_WORD_CACHE", "1") == "0":
             return None
         caches = self.__dict__.setdefault("_word_caches", {})
         if allow_special not in caches:
