@@ -270,3 +270,54 @@ def test_recovery_reproduces_held_out_rows(model, bound):
         row = rows[rec.id]
         assert (res.exact, res.canonical_exact) == (row["exact"], row["canonical_exact"])
         assert res.confidence == pytest.approx(row["confidence"], abs=1e-3)
+
+
+def test_a_killed_recover_run_resumes_without_redoing_or_duplicating(tmp_path, warm, model, bound):
+    """`recon recover` writes each record as it is done; killed (SIGKILL, mid-line even) and then
+    interrupted (SIGINT), the same command with --resume finishes the file: every record once,
+    in input order, with the results of an uninterrupted run."""
+    import signal
+    import subprocess
+    import time
+
+    ids = ["p001-0", "p001-1", "p001-2", "p001-3", "p026-3", "p002-0", "p002-2", "p002-3"]
+    write_records([warm[i] for i in ids], tmp_path / "in.jsonl")
+    command = [sys.executable, "-m", "recon.cli", "recover", str(tmp_path / "in.jsonl"), "--tokenizer", "smollm2",
+               "--profile", "chatml", "--threads", "1", "--log-every", "1"]
+    out = tmp_path / "out.jsonl"
+
+    def run_until(lines: int, sig: int) -> subprocess.CompletedProcess:
+        proc = subprocess.Popen([*command, "--out", str(out), "--resume"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.read_bytes().count(b"\n") >= lines:
+                proc.send_signal(sig)
+                break
+            time.sleep(0.05)
+        stdout, stderr = proc.communicate(timeout=120)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+    killed = run_until(2, signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL
+    assert "recover: 1/8 records" in killed.stderr  # a progress line per record in a log
+    kept = out.read_bytes()
+    assert kept.endswith(b"\n") and 2 <= kept.count(b"\n") < 8
+    with open(out, "ab") as f:
+        f.write(b'{"id": "p001-')  # as if killed in the middle of writing a line
+    interrupted = run_until(kept.count(b"\n") + 1, signal.SIGINT)
+    assert interrupted.returncode == 130, interrupted.stderr
+    assert interrupted.stderr.strip().splitlines()[-1].startswith("recon: interrupted: ")
+    assert "Traceback" not in interrupted.stderr
+    finished = subprocess.run([*command, "--out", str(out), "--resume"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.startswith("resuming ")
+    back = read_records(out)
+    assert back.errors == [] and [r.id for r in back.records] == ids
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
+
+    whole = [r.to_meta() for r in recover([warm[i] for i in ids], bound, LocalScorer(model, top_k=64))]  # as the CLI scores
+    assert [r.meta["recover"] for r in back.records] == whole
+    assert whole[4]["ids"] == warm["p026-3"].output_ids and whole[4]["changed"]  # the non-canonical one, recovered
+    assert "recovered 8 of 8 samples" in finished.stdout and "(8 in all)" in finished.stdout  # the whole file's summary

@@ -9,11 +9,14 @@ from recon.errors import ReconError
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
     from recon import load_tokenizer
     from recon.audit.profiles import load_profile
-    from recon.recovery.recover import recover, summary_line
+    from recon.recovery.recover import Recovery, recover, summary_line
     from recon.recovery.scorers import make_scorer
-    from recon.samples.records import read_records, write_records
+    from recon.samples.records import RecordStream, read_records
 
     tok = load_tokenizer(args.tokenizer, family=args.family)
     bound = load_profile(args.profile).bind(tok)
@@ -21,12 +24,33 @@ def cmd_recover(args: argparse.Namespace) -> int:
     _print_errors(data.errors)
     if not data.records:
         raise ReconError(f"no usable records in {', '.join(args.data)} ({data.bad_records} bad)")
-    scorer = make_scorer(args.scorer, tok, model=args.model, threads=args.threads, top_k=args.top_k)
-    results = list(recover(data.records, bound, scorer, temperature=args.temperature, lookahead=args.lookahead))
-    for rec, res in zip(data.records, results):
-        rec.meta = {**rec.meta, "recover": res.to_meta()}
-    n = write_records(data.records, args.out)
-    print(f"wrote {n} records to {args.out}; {summary_line(results, args.min_confidence)}; {data.summary()}")
+    with RecordStream(args.out, resume=args.resume) as out:
+        todo = [r for r in data.records if (r.dataset, r.id) not in out.done]
+        if out.done:
+            print(f"resuming {args.out}: {len(data.records) - len(todo)} records done, {len(todo)} to go", flush=True)
+        scorer = make_scorer(args.scorer, tok, model=args.model, threads=args.threads, top_k=args.top_k) if todo else None
+        terminal = sys.stderr.isatty()
+        started, written = time.monotonic(), 0
+        try:
+            results = recover(todo, bound, scorer, temperature=args.temperature, lookahead=args.lookahead,
+                              progress=None if terminal else False) if todo else []
+            for rec, res in zip(todo, results):
+                rec.meta = {**rec.meta, "recover": res.to_meta()}
+                out.write(rec)
+                written += 1
+                if not terminal and args.log_every and (written % args.log_every == 0 or written == len(todo)):
+                    spent = time.monotonic() - started
+                    left = spent / written * (len(todo) - written)
+                    print(f"recover: {written}/{len(todo)} records ({spent:.0f} s, about {left:.0f} s left)",
+                          file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            print(f"recon: interrupted: {len(out.done) + written} records in {args.out}; "
+                  "the same command with --resume continues", file=sys.stderr)
+            return 130
+    done = read_records(args.out).records
+    results = [Recovery.from_meta(r.id, r.dataset, r.meta.get("recover") or {}) for r in done]
+    print(f"wrote {written} records to {args.out} ({len(done)} in all); {summary_line(results, args.min_confidence)}; "
+          f"{data.summary()}")
     return 0
 
 
@@ -64,7 +88,12 @@ def add_recover(sub) -> None:
     p.add_argument("--no-lookahead", dest="lookahead", action="store_false",
                    help="decide each cut by the token's own probability, not a window of the drafts after it (faster, worse)")
     p.add_argument("--min-confidence", type=float, default=0.9, metavar="P", help="confidence counted in the summary line")
-    p.add_argument("--out", required=True, help="the records with meta.recover added (JSONL)")
+    p.add_argument("--out", required=True,
+                   help="the records with meta.recover added (JSONL), each written as soon as it is done, in input order")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a run that stopped: keep the records --out holds, recover only the rest")
+    p.add_argument("--log-every", type=int, default=10, metavar="N",
+                   help="where stderr is no terminal (logs, CI): a progress line every N records (default 10; 0: none)")
     p.set_defaults(func=cmd_recover)
 
 

@@ -141,6 +141,15 @@ class Recovery:
                     out.append(_cut(seg, self.ids, choice.position, tid))
         return out
 
+    @classmethod
+    def from_meta(cls, rid: str, dataset: str, meta: dict) -> "Recovery":
+        """A result back from a record's ``meta["recover"]`` (what a resumed run's summary counts).
+        The canonical ids are not stored, only whether recovery changed them."""
+        ids = meta.get("ids")
+        return cls(rid, dataset, ids, None if meta.get("changed") else ids, meta.get("confidence"),
+                   passes=meta.get("passes", 0), exact=meta.get("exact"), canonical_exact=meta.get("canonical_exact"),
+                   error=meta.get("error"))
+
     def to_meta(self) -> dict:
         """What ``recon recover`` stores in a record's ``meta["recover"]`` (and export reads back)."""
         return {"ids": self.ids, "confidence": None if self.confidence is None else round(self.confidence, 6),
