@@ -165,6 +165,8 @@ def test_property_random_ids_never_crash_the_audit(name, tokenizers):
             assert (status == "error") == pd.notna(error)
             if status == "error":
                 assert any(i in tok.gap_ids for i in rec.output_ids)
+            else:  # the oracle: the native encoder's own round trip (one text, its own single encode)
+                assert recon_ids == tok.encode(tok.decode(rec.output_ids))
     check()
 
 
