@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from recon.cli.options import _add_data_arguments, _print_errors
 from recon.errors import ReconError
@@ -28,7 +29,9 @@ def cmd_recover(args: argparse.Namespace) -> int:
         todo = [r for r in data.records if (r.dataset, r.id) not in out.done]
         if out.done:
             print(f"resuming {args.out}: {len(data.records) - len(todo)} records done, {len(todo)} to go", flush=True)
-        scorer = make_scorer(args.scorer, tok, model=args.model, threads=args.threads, top_k=args.top_k) if todo else None
+        api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+        scorer = make_scorer(args.scorer, tok, model=args.model, threads=args.threads, top_k=args.top_k,
+                             api=args.scorer_api, concurrency=args.concurrency, api_key=api_key) if todo else None
         terminal = sys.stderr.isatty()
         started, written = time.monotonic(), 0
         try:
@@ -80,6 +83,11 @@ def add_recover(sub) -> None:
     p.add_argument("--scorer", default="local",
                    help="local (the GGUF model in-process, the 'generate' extra) or an OpenAI-compatible server URL "
                         "with vLLM-style prompt_logprobs, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--scorer-api", default="vllm", choices=["vllm", "sglang"],
+                   help="a server's shape: vllm (/v1/completions with prompt_logprobs; also recon serve) or sglang "
+                        "(native /generate, asking for the candidate ids with token_ids_logprob)")
+    p.add_argument("--concurrency", type=int, default=4, metavar="N", help="server: requests in flight at once (default 4)")
+    p.add_argument("--api-key-env", metavar="VAR", help="server: environment variable holding the API key")
     p.add_argument("--model", default="smollm2", help="local: the GGUF model; server: the model name to send")
     p.add_argument("--threads", type=int, help="local: torch threads")
     p.add_argument("--top-k", type=int, help="alternatives per position the scorer reports (default: local 64, server 20)")

@@ -3,18 +3,23 @@ sequences (prompt + output).
 
 * :class:`LocalScorer` — the local model in-process (the ``generate`` extra), at any temperature,
   for any token at any position; the key/value cache of a shared prefix is reused;
-* :class:`ServerScorer` — an OpenAI-compatible server's prompt logprobs (vLLM's shape): only its
-  top-k per position, at temperature 1.
+* :class:`~recon.recovery.remote.ServerScorer` and :class:`~recon.recovery.remote.SGLangScorer`
+  — a server's prompt logprobs (vLLM's ``prompt_logprobs``, SGLang's ``/generate``), at
+  temperature 1 (:mod:`recon.recovery.remote`).
 """
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from typing import Protocol, Sequence
 
 from recon.errors import ReconError
 from recon.recovery.model import SequenceLogprobs
+from recon.recovery.remote import (  # noqa: F401
+    ServerScorer,
+    SGLangScorer,
+    parse_prompt_logprobs,
+    parse_sglang_logprobs,
+)
 from recon.tokenizers.tokenizer import Tokenizer
 
 
@@ -131,66 +136,19 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-class ServerScorer:
-    """An OpenAI-compatible server's prompt logprobs (vLLM's shape): ``POST /v1/completions`` with
-    the token ids as ``prompt``, ``max_tokens: 1``, ``echo: true``, ``prompt_logprobs: k``.
-    Servers report temperature-1 prompt logprobs, so ``tempered`` is False."""
-
-    tempered = False
-
-    def __init__(self, url: str, model: str | None = None, top_k: int = 20, timeout: float = 120.0, api_key: str | None = None):
-        self.url = url.rstrip("/")
-        if not self.url.endswith("/completions"):
-            self.url += "/completions" if self.url.endswith("/v1") else "/v1/completions"
-        self.model, self.top_k, self.timeout, self.api_key = model, top_k, timeout, api_key
-
-    def request_body(self, ids: Sequence[int]) -> dict:
-        body = {"prompt": list(ids), "max_tokens": 1, "echo": True, "prompt_logprobs": self.top_k, "temperature": 0}
-        if self.model:
-            body["model"] = self.model
-        return body
-
-    def __call__(self, sequences, temperature=1.0, alternatives=None):
-        out = []  # a server reports the top-k only: alternatives outside it are not seen
-        for ids in sequences:
-            req = urllib.request.Request(self.url, data=json.dumps(self.request_body(ids)).encode(),
-                                         headers={"Content-Type": "application/json",
-                                                  **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    payload = json.load(resp)
-            except OSError as e:
-                raise ReconError(f"{self.url}: {e}") from None
-            out.append(parse_prompt_logprobs(payload, ids, source=self.url))
-        return out
-
-
-def parse_prompt_logprobs(payload: dict, ids: Sequence[int], *, source: str = "response") -> SequenceLogprobs:
-    """A vLLM ``/v1/completions`` response's ``choices[0].prompt_logprobs`` as :class:`SequenceLogprobs`."""
-    try:
-        entries = payload["choices"][0]["prompt_logprobs"]
-    except (KeyError, IndexError, TypeError):
-        raise ReconError(f"{source}: no choices[0].prompt_logprobs in the response (does the server support prompt_logprobs?)") from None
-    if not isinstance(entries, list) or len(entries) != len(ids):
-        raise ReconError(f"{source}: prompt_logprobs has {len(entries) if isinstance(entries, list) else 'no'} entries for {len(ids)} prompt ids")
-    logprobs: list[float | None] = [None]
-    ranks: list[int | None] = [None]
-    top: list[list[tuple[int, float]]] = [[]]
-    for i, entry in enumerate(entries[1:], 1):
-        if not isinstance(entry, dict) or str(ids[i]) not in entry:
-            raise ReconError(f"{source}: prompt_logprobs[{i}] does not hold the prompt's token {ids[i]}")
-        mine = entry[str(ids[i])]
-        logprobs.append(float(mine["logprob"]))
-        ranks.append(mine.get("rank"))
-        top.append(sorted(((int(k), float(v["logprob"])) for k, v in entry.items()), key=lambda kv: -kv[1]))
-    return SequenceLogprobs(logprobs, ranks, top)
-
-
-def make_scorer(spec: str, tok: Tokenizer, *, model: str = "smollm2", threads: int | None = None, top_k: int | None = None) -> Scorer:
-    """``local``: the GGUF model in-process (needs torch, the ``generate`` extra); a URL: an
-    OpenAI-compatible server with prompt logprobs. The model must share ``tok``'s vocabulary."""
+def make_scorer(spec: str, tok: Tokenizer, *, model: str = "smollm2", threads: int | None = None, top_k: int | None = None,
+                api: str = "vllm", concurrency: int = 4, api_key: str | None = None) -> Scorer:
+    """``local``: the GGUF model in-process (needs torch, the ``generate`` extra); a URL: a server,
+    ``api`` ``vllm`` (OpenAI-style ``/v1/completions`` with ``prompt_logprobs``) or ``sglang``
+    (native ``/generate``), ``concurrency`` requests in flight. The model must share ``tok``'s
+    vocabulary."""
     if spec.startswith(("http://", "https://")):
-        return ServerScorer(spec, model=None if model == "smollm2" else model, top_k=top_k or 20)
+        name = None if model == "smollm2" else model
+        if api == "sglang":
+            return SGLangScorer(spec, top_k=top_k or 20, concurrency=concurrency, api_key=api_key)
+        if api != "vllm":
+            raise ReconError(f"--scorer-api {api!r}: expected vllm or sglang")
+        return ServerScorer(spec, model=name, top_k=top_k or 20, concurrency=concurrency, api_key=api_key)
     if spec != "local":
         raise ReconError(f"--scorer {spec!r}: expected 'local' or an http(s) URL of an OpenAI-compatible server")
     try:

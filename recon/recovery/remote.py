@@ -1,0 +1,182 @@
+"""Scorers on a server: teacher-forced logprobs from the engines that sampled the data.
+
+* :class:`ServerScorer` — vLLM's shape: ``POST /v1/completions`` with the ids as ``prompt``,
+  ``echo``, ``max_tokens: 1`` and ``prompt_logprobs: k``. It reports the top-k per position only,
+  so a sampled token outside them is not seen.
+* :class:`SGLangScorer` — SGLang's native ``POST /generate`` with ``input_ids``,
+  ``return_logprob``, ``logprob_start_len: 0``, ``top_logprobs_num: k`` and ``max_new_tokens:
+  0``; and ``token_ids_logprob``, which asks for exactly the candidate ids, so the server sees
+  the alternatives the local model sees.
+
+Both keep ``concurrency`` requests in flight (a thread each; sequences come back in order), retry
+a connection failure, a 429 or a 5xx with exponential backoff, and refuse any other answer in one
+line naming the URL. Servers score at temperature 1, so ``tempered`` is False.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+from recon.errors import ReconError
+from recon.recovery.model import SequenceLogprobs
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def post_json(url: str, body: dict, *, timeout: float, api_key: str | None = None, retries: int = 3,
+              backoff: float = 0.5) -> Any:
+    """``body`` POSTed as JSON, the answer parsed; a refused connection, a timeout, 429 or 5xx is
+    tried again after ``backoff``, 2 x ``backoff``, ... seconds, ``retries`` times."""
+    data = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    for attempt in range(retries + 1):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=timeout) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            if e.code not in RETRY_STATUSES or attempt == retries:
+                detail = e.read(300).decode("utf-8", "replace").strip()
+                raise ReconError(f"{url}: HTTP {e.code}" + (f": {' '.join(detail.split())}" if detail else "")) from None
+        except (OSError, ValueError) as e:  # refused, reset, timed out; or not JSON
+            if isinstance(e, ValueError) or attempt == retries:
+                raise ReconError(f"{url}: {e}") from None
+        time.sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+class _Remote:
+    tempered = False
+
+    def __init__(self, url: str, top_k: int, timeout: float, api_key: str | None, concurrency: int, retries: int):
+        if concurrency < 1:
+            raise ReconError("--concurrency must be 1 or more")
+        self.url, self.top_k, self.timeout, self.api_key = url, top_k, timeout, api_key
+        self.concurrency, self.retries = concurrency, retries
+
+    def _all(self, work, sequences: Sequence[Sequence[int]]) -> list[SequenceLogprobs]:
+        if len(sequences) <= 1 or self.concurrency == 1:
+            return [work(k, ids) for k, ids in enumerate(sequences)]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(sequences))) as pool:
+            return list(pool.map(work, range(len(sequences)), sequences))
+
+    def _post(self, body: dict) -> Any:
+        return post_json(self.url, body, timeout=self.timeout, api_key=self.api_key, retries=self.retries)
+
+
+class ServerScorer(_Remote):
+    """vLLM's ``prompt_logprobs`` (see the module docstring)."""
+
+    def __init__(self, url: str, model: str | None = None, top_k: int = 20, timeout: float = 120.0,
+                 api_key: str | None = None, concurrency: int = 4, retries: int = 3):
+        url = url.rstrip("/")
+        if not url.endswith("/completions"):
+            url += "/completions" if url.endswith("/v1") else "/v1/completions"
+        super().__init__(url, top_k, timeout, api_key, concurrency, retries)
+        self.model = model
+
+    def request_body(self, ids: Sequence[int]) -> dict:
+        body = {"prompt": list(ids), "max_tokens": 1, "echo": True, "prompt_logprobs": self.top_k, "temperature": 0}
+        if self.model:
+            body["model"] = self.model
+        return body
+
+    def __call__(self, sequences, temperature=1.0, alternatives=None):
+        # the top-k only: alternatives outside it are not seen
+        return self._all(lambda _, ids: parse_prompt_logprobs(self._post(self.request_body(ids)), ids, source=self.url),
+                         sequences)
+
+
+def parse_prompt_logprobs(payload: dict, ids: Sequence[int], *, source: str = "response") -> SequenceLogprobs:
+    """A vLLM ``/v1/completions`` response's ``choices[0].prompt_logprobs`` as :class:`SequenceLogprobs`."""
+    try:
+        entries = payload["choices"][0]["prompt_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        raise ReconError(f"{source}: no choices[0].prompt_logprobs in the response (does the server support prompt_logprobs?)") from None
+    if not isinstance(entries, list) or len(entries) != len(ids):
+        raise ReconError(f"{source}: prompt_logprobs has {len(entries) if isinstance(entries, list) else 'no'} entries for {len(ids)} prompt ids")
+    logprobs: list[float | None] = [None]
+    ranks: list[int | None] = [None]
+    top: list[list[tuple[int, float]]] = [[]]
+    for i, entry in enumerate(entries[1:], 1):
+        if not isinstance(entry, dict) or str(ids[i]) not in entry:
+            raise ReconError(f"{source}: prompt_logprobs[{i}] does not hold the prompt's token {ids[i]}")
+        mine = entry[str(ids[i])]
+        logprobs.append(float(mine["logprob"]))
+        ranks.append(mine.get("rank"))
+        top.append(sorted(((int(k), float(v["logprob"])) for k, v in entry.items()), key=lambda kv: -kv[1]))
+    return SequenceLogprobs(logprobs, ranks, top)
+
+
+class SGLangScorer(_Remote):
+    """SGLang's native ``/generate`` (see the module docstring)."""
+
+    def __init__(self, url: str, top_k: int = 20, timeout: float = 120.0, api_key: str | None = None,
+                 concurrency: int = 4, retries: int = 3):
+        url = url.rstrip("/")
+        url = url.removesuffix("/v1")
+        super().__init__(url if url.endswith("/generate") else url + "/generate", top_k, timeout, api_key,
+                         concurrency, retries)
+
+    def request_body(self, ids: Sequence[int], wanted: Sequence[int] = ()) -> dict:
+        body = {"input_ids": list(ids), "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": self.top_k}
+        if wanted:
+            body["token_ids_logprob"] = sorted(set(wanted))
+        return body
+
+    def __call__(self, sequences, temperature=1.0, alternatives=None):
+        asked = (alternatives or {}) if len(sequences) == 1 else {}  # as the local scorer: one sequence
+
+        def one(_, ids):
+            wanted = sorted({t for ts in asked.values() for t in ts})
+            payload = self._post(self.request_body(ids, wanted))
+            return parse_sglang_logprobs(payload, ids, asked, source=self.url)
+        return self._all(one, sequences)
+
+
+def _entry(row: Any, where: str, source: str) -> tuple[float | None, int]:
+    if not isinstance(row, (list, tuple)) or len(row) < 2 or type(row[1]) is not int:
+        raise ReconError(f"{source}: {where}: expected [logprob, token_id, text], got {str(row)[:60]}")
+    lp = row[0]
+    if lp is not None and not isinstance(lp, (int, float)):
+        raise ReconError(f"{source}: {where}: the logprob is {str(lp)[:30]}, not a number")
+    return (None if lp is None else float(lp)), row[1]
+
+
+def parse_sglang_logprobs(payload: dict, ids: Sequence[int], alternatives: dict[int, list[int]] | None = None, *,
+                          source: str = "response") -> SequenceLogprobs:
+    """SGLang's ``meta_info``: ``input_token_logprobs`` ([logprob, id, text] per position, the
+    first one's logprob null), ``input_top_logprobs`` (the top-k there) and
+    ``input_token_ids_logprobs`` (the ids ``token_ids_logprob`` asked for, at every position;
+    kept where ``alternatives`` asked for them), as :class:`SequenceLogprobs`."""
+    meta = payload.get("meta_info") if isinstance(payload, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("input_token_logprobs"), list):
+        raise ReconError(f"{source}: no meta_info.input_token_logprobs in the response (return_logprob is needed)")
+    rows, tops = meta["input_token_logprobs"], meta.get("input_top_logprobs") or []
+    by_id = meta.get("input_token_ids_logprobs") or []
+    if len(rows) != len(ids):
+        raise ReconError(f"{source}: input_token_logprobs has {len(rows)} entries for {len(ids)} input ids "
+                         "(logprob_start_len must be 0)")
+    logprobs: list[float | None] = [None]
+    ranks: list[int | None] = [None]
+    top: list[list[tuple[int, float]]] = [[]]
+    for i in range(1, len(ids)):
+        lp, tid = _entry(rows[i], f"input_token_logprobs[{i}]", source)
+        if tid != ids[i] or lp is None:
+            raise ReconError(f"{source}: input_token_logprobs[{i}] is not the logprob of the input's token {ids[i]}")
+        here = [_entry(r, f"input_top_logprobs[{i}]", source) for r in (tops[i] if i < len(tops) and tops[i] else [])]
+        best = sorted(((t, v) for v, t in here if v is not None), key=lambda kv: -kv[1])
+        rank = next((k for k, (t, _) in enumerate(best, 1) if t == tid), None)
+        if alternatives and i in alternatives and i < len(by_id) and by_id[i]:
+            want = set(alternatives[i])
+            best += [(t, v) for v, t in (_entry(r, f"input_token_ids_logprobs[{i}]", source) for r in by_id[i])
+                     if t in want and v is not None]
+        logprobs.append(lp)
+        ranks.append(rank)
+        top.append(best)
+    return SequenceLogprobs(logprobs, ranks, top)
