@@ -148,7 +148,11 @@ def _to_html(notebook: Path) -> Path:
     import nbformat
     from nbconvert import HTMLExporter
 
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
+    node = nbformat.read(str(notebook), as_version=4)
+    # the page's <title>: the notebook's first heading (nbconvert would say "Notebook")
+    heading = next((line[2:].strip() for cell in node.cells if cell.cell_type == "markdown"
+                    for line in cell.source.splitlines() if line.startswith("# ")), notebook.stem)
+    body, _ = HTMLExporter().from_notebook_node(node, resources={"metadata": {"name": heading}})
     target = notebook.with_suffix(".html")
     target.write_text(body, encoding="utf-8")
     return target
