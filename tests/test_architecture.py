@@ -81,3 +81,15 @@ def test_public_names_the_readme_and_notebooks_use():
 
     assert audit.audit_records is importlib.import_module("recon.audit.compare").audit_records
     assert specials.discover.__module__ == "recon.tokenizers.specials"
+
+
+#: a module this long must say in its docstring why it is one module
+LONG = 420
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_is_long_without_a_reason(path):
+    lines = path.read_text().count("\n")
+    if lines > LONG:
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        assert "one module because" in doc, f"{path.relative_to(PACKAGE)}: {lines} lines and no reason in its docstring"

@@ -1,15 +1,17 @@
 """`recon serve` under bad input and load: every bad request gets an OpenAI-style 4xx JSON error,
-a burst of 50 concurrent requests is answered or refused cleanly, stalled or vanished clients
-don't wedge it. The server is the real one (real model) on 127.0.0.1; the client is raw sockets
-where the bytes matter and the real `openai` SDK elsewhere."""
+a burst of 50 concurrent requests is answered or refused cleanly, stalled, trickling or vanished
+clients don't wedge it. The server is the real one (real model) on 127.0.0.1; the client is raw
+sockets where the bytes matter and the real `openai` SDK elsewhere."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -17,10 +19,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recon.server.serve import (ApiError, Gate, content_deltas, host_allowed, parse_body, parse_chat_request,
-                         parse_completion_request, send_events)
+from recon.server.app import host_allowed
+from recon.server.limits import Deadlines, Gate
+from recon.server.responses import content_deltas, encode_events
+from recon.server.schemas import (
+    ApiError,
+    parse_body,
+    parse_chat_request,
+    parse_completion_request,
+)
 
-from .test_serve import CONCURRENCY, QUEUE, SERVE_OPTIONS, shared_server
+from .test_serve import (
+    CONCURRENCY,
+    QUEUE,
+    SERVE_OPTIONS,
+    TIMEOUT,
+    server_log,
+    shared_server,
+)
 
 EXAMPLES = int(os.environ.get("RECON_HYPOTHESIS_EXAMPLES", 60))
 MESSAGES = [{"role": "user", "content": "Hi"}]
@@ -28,43 +44,76 @@ MESSAGES = [{"role": "user", "content": "Hi"}]
 
 # -- the pure parts, no server ------------------------------------------------------------------------
 def test_gate_refuses_beyond_capacity_and_frees_places():
-    gate = Gate(running=2, queued=0)
-    with gate.enter(), gate.enter():
-        with pytest.raises(ApiError) as refused:
-            with gate.enter():
-                pass
-        assert refused.value.status == 429 and refused.value.body()["error"]["code"] == "rate_limit_exceeded"
-        assert gate.inside == 2
-    assert gate.inside == 0
-    with gate.enter():  # places come back
-        assert gate.inside == 1
+    async def run():
+        gate = Gate(running=2, queued=0)
+        async with gate.enter(), gate.enter():
+            with pytest.raises(ApiError) as refused:
+                async with gate.enter():
+                    pass
+            assert refused.value.status == 429 and refused.value.body()["error"]["code"] == "rate_limit_exceeded"
+            assert refused.value.headers == {"Retry-After": "1"} and gate.inside == 2
+        assert gate.inside == 0
+        async with gate.enter():  # places come back
+            assert gate.inside == 1
+
+    asyncio.run(run())
 
 
-def test_send_events_reports_a_client_that_left():
-    here, there = socket.socketpair()
-    there.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    there.close()
-    events = ({"n": k, "pad": "x" * 4096} for k in range(1000))
-    assert send_events(here.makefile("wb", buffering=0), events) is False
-    here.close()
-    a, b = socket.socketpair()
-    assert send_events(a.makefile("wb", buffering=0), [{"n": 1}]) is True
-    a.close()
-    assert b.recv(1000) == b'data: {"n": 1}\n\ndata: [DONE]\n\n'
+def test_gate_tells_a_request_that_waited_too_long_503():
+    async def run():
+        gate = Gate(running=1, queued=1, queue_timeout=0.2)
+        async with gate.enter():
+            start = time.monotonic()
+            with pytest.raises(ApiError) as late:
+                async with gate.enter():
+                    pass
+            assert time.monotonic() - start >= 0.15 and gate.inside == 1
+        error = late.value.body()["error"]
+        assert late.value.status == 503 and error["code"] == "queue_timeout" and error["type"] == "server_error"
+        async with gate.enter():  # the place it waited for was not taken by the timeout
+            assert gate.inside == 1
+
+    asyncio.run(run())
 
 
-def test_send_events_gives_up_on_a_client_that_stops_reading():
-    """The server's sockets have a timeout: a stream nobody reads fills the buffers, the send times
-    out, and the handler returns (freeing its place) instead of blocking forever."""
-    here, there = socket.socketpair()
-    try:
-        here.settimeout(0.2)
-        events = ({"n": k, "pad": "x" * 4096} for k in range(100_000))  # far more than the socket buffers hold
-        assert send_events(here.makefile("wb", buffering=0), events) is False
-        assert b"data: [DONE]" not in there.recv(1 << 20)
-    finally:
-        here.close()
-        there.close()
+def test_events_end_with_done_or_with_an_error():
+    assert b"".join(encode_events([{"n": 1}])) == b'data: {"n": 1}\n\ndata: [DONE]\n\n'
+    lines: list[str] = []
+
+    def broken():
+        yield {"n": 1}
+        raise KeyError("x")
+
+    out = b"".join(encode_events(broken(), lines.append))
+    assert out.startswith(b'data: {"n": 1}\n\ndata: {"error": {') and out.endswith(b"}}\n\n") and b"[DONE]" not in out
+    assert json.loads(out.split(b"\n\n")[1][6:])["error"]["code"] == "internal_error" and lines == ["stream: KeyError: 'x'"]
+    assert b"".join(encode_events([{"x": float("nan")}])).count(b'"internal_error"') == 1  # NaN is not JSON: an error
+
+
+def test_a_stream_nobody_reads_is_dropped_after_the_timeout():
+    """A send that cannot go out (the client stopped reading, the buffers are full) stalls; after
+    the timeout the connection is dropped and the app's later sends return at once, so the
+    handler ends and frees its place instead of blocking forever."""
+    dropped: list[bool] = []
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for k in range(100):
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+
+    async def stalled_send(message):
+        sent.append(message)
+        if message["type"] == "http.response.body":
+            await asyncio.sleep(3600)  # the client's window is closed
+
+    async def receive():
+        await asyncio.sleep(3600)
+
+    scope = {"type": "http", "headers": [], "extensions": {"recon": {"started": 0.0, "abort": lambda: dropped.append(True)}}}
+    start = time.monotonic()
+    asyncio.run(asyncio.wait_for(Deadlines(app, timeout=0.2)(scope, receive, stalled_send), 10))
+    assert 0.15 <= time.monotonic() - start < 5 and dropped == [True] and len(sent) == 2
 
 
 def test_content_deltas_hold_back_half_characters(tokenizers):
@@ -134,17 +183,26 @@ def _address(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
-def exchange(url: str, data: bytes, *, timeout: float = 60) -> tuple[int, dict, bytes]:
-    """Send raw bytes, read until the server closes: (status, headers, body)."""
-    with socket.create_connection(_address(url), timeout=timeout) as s:
-        s.sendall(data)
-        reply = b""
-        while chunk := s.recv(65536):
-            reply += chunk
+def read_response(s: socket.socket) -> tuple[int, dict, bytes]:
+    """One HTTP response: (status, headers with Title-Case names, body). The body is
+    Content-Length bytes (the connection may stay open: keep-alive), else all until the close."""
+    reply = b""
+    while b"\r\n\r\n" not in reply and (chunk := s.recv(65536)):
+        reply += chunk
     head, _, body = reply.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.split(": ", 1) for line in lines[1:])
+    headers = {name.title(): value for name, value in (line.split(": ", 1) for line in lines[1:])}
+    length = int(headers["Content-Length"]) if "Content-Length" in headers else None
+    while (length is None or len(body) < length) and (chunk := s.recv(65536)):
+        body += chunk
     return int(lines[0].split()[1]), headers, body
+
+
+def exchange(url: str, data: bytes, *, timeout: float = 60) -> tuple[int, dict, bytes]:
+    """Send raw bytes, read one response: (status, headers, body)."""
+    with socket.create_connection(_address(url), timeout=timeout) as s:
+        s.sendall(data)
+        return read_response(s)
 
 
 def request(url: str, method: str, path: str, body: bytes | None = None, headers: str = "") -> tuple[int, dict, bytes]:
@@ -345,18 +403,18 @@ def test_stalled_and_vanished_clients_do_not_wedge_it(server, client):
         s.close()
         reply = client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=2)
         assert reply.choices[0].message.content is not None
-        # the half-sent request is answered once its socket times out (3 s here), not left hanging
+        # the half-sent request is answered once its deadline passes (2 s here), not left hanging
         answer = b""
         while chunk := half.recv(65536):
             answer += chunk
-        assert answer.startswith(b"HTTP/1.0 408") and b'"code": "request_timeout"' in answer
+        assert answer.startswith(b"HTTP/1.1 408") and b'"code": "request_timeout"' in answer
     finally:
         for s in idle + [half]:
             s.close()
 
 
 def test_connections_beyond_the_cap_get_503_and_it_recovers(server, client):
-    """Each connection is a thread; beyond Limits.max_connections (256) one is answered 503 at once."""
+    """Beyond Limits.max_connections (256) a connection is answered 503 as soon as it opens."""
     held = []
     try:
         for _ in range(256 + 4):
@@ -364,7 +422,7 @@ def test_connections_beyond_the_cap_get_503_and_it_recovers(server, client):
         reply = b""
         while chunk := held[-1].recv(65536):
             reply += chunk
-        assert reply.startswith(b"HTTP/1.0 503") and b'"code": "server_overloaded"' in reply
+        assert reply.startswith(b"HTTP/1.1 503") and b'"code": "server_overloaded"' in reply
     finally:
         for s in held:
             s.close()
@@ -396,3 +454,82 @@ def test_streaming_many_clients_at_once(server, client):
     refused = results.count("429")
     assert len(results) == 8 and (refused == 0 or 8 - refused >= CONCURRENCY + QUEUE)
     assert len({r for r in results if r != "429"}) == 1  # same seed, same text, however the requests interleave
+
+
+def trickle(url: str, head: bytes, slow: bytes, *, every: float = 1.0) -> tuple[float, int, bytes]:
+    """Send ``head`` at once, then ``slow`` a byte every ``every`` seconds until the server answers:
+    (seconds from the first byte until the answer, bytes of ``slow`` sent, the answer). The slow
+    bytes go out half a period off the whole seconds, so that none crosses the server's answer
+    at a whole-second deadline (a byte arriving after the close would reset the connection)."""
+    with socket.create_connection(_address(url), timeout=60) as s:
+        start = time.monotonic()
+        s.sendall(head)
+        sent, answer = 0, b""
+        time.sleep(every / 2)
+        s.settimeout(every)
+        for byte in slow:
+            try:
+                s.send(bytes([byte]))
+                sent += 1
+                answer = s.recv(65536)  # waits `every` for an answer, then sends on
+                break
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        seconds = time.monotonic() - start
+        s.settimeout(60)
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except ConnectionResetError:  # a last byte crossed the close; the answer is already here
+            pass
+    return seconds, sent, answer
+
+
+def _slow_clients_meanwhile(server, client, head: bytes, slow: bytes, clients: int = 3) -> None:
+    """``clients`` trickling at once, more than the server's places (CONCURRENCY + QUEUE); each is
+    cut off with 408 at the deadline, and meanwhile the server answers others, without a 429:
+    a request still arriving holds no place at the model."""
+    results: list = []
+    cut_at: list[float] = []
+
+    def one():
+        results.append(trickle(server, head, slow))
+        cut_at.append(time.monotonic())
+
+    threads = [threading.Thread(target=one) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    assert request(server, "GET", "/health")[0] == 200
+    health_at = time.monotonic()
+    reply = client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=1, temperature=0)
+    assert reply.choices[0].message.content is not None
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == clients and health_at < min(cut_at)
+    for seconds, sent, answer in results:
+        assert answer.startswith(b"HTTP/1.1 408") and b'"code": "request_timeout"' in answer, answer[:200]
+        assert TIMEOUT - 0.2 <= seconds < TIMEOUT + 15 and sent < len(slow)
+    assert client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=1).choices
+
+
+def test_a_body_sent_a_byte_a_second_is_cut_off_at_the_deadline(server, client):
+    body = json.dumps({"messages": MESSAGES, "max_tokens": 1}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    _slow_clients_meanwhile(server, client, head, body)
+
+
+def test_headers_sent_a_byte_a_second_are_cut_off_at_the_deadline(server, client):
+    """uvicorn alone would wait for ever: any byte cancels its keep-alive timer."""
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+    _slow_clients_meanwhile(server, client, head[:1], head[1:] + b"X-Padding: " + b"a" * 100 + b"\r\n\r\n")
+
+
+def test_nothing_it_was_sent_put_a_traceback_on_stderr(server):
+    """Last in the module: everything above went to this server, and its stderr holds no traceback
+    (only one-line `recon serve:` reports, if any)."""
+    log = server_log(server)
+    assert "Traceback" not in log and all(line.startswith("recon serve: ") for line in log.splitlines()), log[-2000:]

@@ -1,5 +1,8 @@
 """`recon serve` started on 127.0.0.1 by the test; the client, the vLLM importer and the real
-`openai` SDK (non-streaming and streaming, logprobs with top_logprobs, vLLM's id fields) against it."""
+`openai` SDK (non-streaming and streaming, logprobs with top_logprobs, vLLM's id fields) against it.
+A second server, in this process (`make_server` in a thread, same real model), checks what needs
+a hand inside: the API key, the queue deadline (the test holds the model lock), and an error in
+the middle of a stream."""
 
 from __future__ import annotations
 
@@ -11,16 +14,20 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
 
 from recon.cli import build_parser
-from recon.server.client import chat
 from recon.errors import ReconError
 from recon.samples.importers import from_chat_completion
 from recon.samples.records import parse_record, read_records
+from recon.server.client import chat
 
 from .conftest import ROOT
 from .test_cli import recon
@@ -31,12 +38,12 @@ openai = pytest.importorskip("openai", reason="the SDK tests need the 'dev' extr
 MESSAGES = [{"role": "user", "content": "Name three colours, with an emoji each."}]
 
 
-def start_server(*options: str) -> tuple[subprocess.Popen, str]:
+def start_server(*options: str, log=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
     """`recon serve` on a free loopback port; returns the process and its base URL once it listens."""
     proc = subprocess.Popen(
         # one torch thread: on 2 shared cores, two threads spin against each other and run up to 10x slower
         [sys.executable, "-m", "recon.cli", "serve", "--port", "0", "--threads", "1", *options],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=os.environ.copy(),
+        stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT, env=os.environ.copy(),
     )
     line = proc.stdout.readline()
     match = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line)
@@ -51,20 +58,33 @@ def stop_server(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-#: small limits, so that tests/test_fuzz_serve.py can fill the queue; 3 s for a stalled socket
-CONCURRENCY, QUEUE = 1, 2
-SERVE_OPTIONS = ("--max-concurrency", str(CONCURRENCY), "--max-queue", str(QUEUE), "--timeout", "3")
+#: small limits, so that tests/test_fuzz_serve.py can fill the queue; 2 s for a request to arrive
+CONCURRENCY, QUEUE, TIMEOUT = 1, 2, 2
+SERVE_OPTIONS = ("--max-concurrency", str(CONCURRENCY), "--max-queue", str(QUEUE), "--timeout", str(TIMEOUT))
 _running: dict[tuple[str, ...], str] = {}
+_logs: dict[str, tuple[str, int]] = {}
 
 
 def shared_server(*options: str) -> str:
     """One server per set of options for the whole session: loading the model is the slow part,
-    and this module and the fuzz module use the same one."""
+    and this module and the fuzz module use the same one. Its stderr goes to a file
+    (:func:`server_log`)."""
     if options not in _running:
-        proc, url = start_server(*options)
+        log = tempfile.NamedTemporaryFile("w+", prefix="recon-serve-", suffix=".log", delete=False)
+        proc, url = start_server(*options, log=log)
         atexit.register(stop_server, proc)
-        _running[options] = url
+        atexit.register(os.unlink, log.name)
+        _running[options], _logs[url] = url, (log.name, os.path.getsize(log.name))
     return _running[options]
+
+
+def server_log(url: str) -> str:
+    """What the shared server at ``url`` has written on stderr since it started listening
+    (loading the model writes progress bars before that)."""
+    name, start = _logs[url]
+    with open(name, "rb") as f:
+        f.seek(start)
+        return f.read().decode("utf-8", "replace")
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +102,8 @@ def test_binds_loopback_unless_told_otherwise():
     from recon.server.serve import make_server
 
     assert inspect.signature(make_server).parameters["host"].default == "127.0.0.1"
+    with pytest.raises(ReconError, match="not a loopback address"):  # refused before the model is touched
+        make_server(None, "0.0.0.0", 0)
 
 
 def test_serve_errors_are_one_line_and_come_before_the_model_loads(server):
@@ -90,10 +112,14 @@ def test_serve_errors_are_one_line_and_come_before_the_model_loads(server):
     port = urlsplit(server).port
     run = recon("serve", "--port", str(port))  # the test server has it
     assert run.returncode == 2 and run.stderr == f"recon: error: cannot listen on 127.0.0.1:{port} (Address already in use)\n"
-    run = recon("serve", "--host", "0.0.0.0", "--port", str(port))
-    warning, error = run.stderr.splitlines()
-    assert run.returncode == 2 and warning.startswith("recon serve: warning: listening on 0.0.0.0 without authentication")
-    assert error.startswith("recon: error: cannot listen on 0.0.0.0")
+    run = recon("serve", "--host", "0.0.0.0", "--port", str(port), env={"RECON_API_KEY": ""})
+    assert run.returncode == 2 and run.stderr == ("recon: error: --host 0.0.0.0 is not a loopback address; anyone who can "
+                                                  "reach it could use the model: give --api-key KEY (or set RECON_API_KEY)\n")
+    for flag, variable in ((["--api-key", "k"], ""), ([], "k")):  # with a key, either way, it goes on to the taken port
+        run = recon("serve", "--host", "0.0.0.0", "--port", str(port), *flag, env={"RECON_API_KEY": variable})
+        assert run.returncode == 2 and run.stderr == f"recon: error: cannot listen on 0.0.0.0:{port} (Address already in use)\n"
+    run = recon("serve", "--queue-timeout", "0")
+    assert run.returncode == 2 and run.stderr == "recon: error: --queue-timeout must be positive\n"
 
 
 def test_models_route(server):
@@ -218,3 +244,115 @@ def test_collect_cli_against_the_server(server, tmp_path):
 def test_unreachable_server_is_one_line():
     run = recon("collect", str(ROOT / "data" / "prompts.jsonl"), "--url", "http://127.0.0.1:9/v1", "--out", "/tmp/never.jsonl")
     assert run.returncode == 2 and "cannot reach the server" in run.stderr and "Traceback" not in run.stderr
+
+
+# -- a server in this process: the API key, the queue deadline, an error mid-stream --------------------
+KEY = "sk-recon-test"
+
+
+@pytest.fixture(scope="module")
+def local():
+    """`make_server` in a thread over the real model: one place at the model, two in the queue,
+    1 s to wait there, 2 s for a request to arrive, and an API key."""
+    from recon.recovery.model import LocalModel
+    from recon.server.serve import Limits, make_server
+
+    limits = Limits(max_concurrency=1, max_queue=2, queue_timeout=1, timeout=2)
+    server = make_server(LocalModel("smollm2", threads=1), "127.0.0.1", 0, limits, api_key=KEY).start()
+    yield server
+    server.stop()
+
+
+def raw_post(url: str, body: dict, key: str | None = KEY, path: str = "/chat/completions") -> tuple[int, dict, bytes]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key is not None else {})}
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_api_key_is_required_on_v1_but_not_on_health(local):
+    for key, message in ((None, "no API key"), ("sk-wrong", "Incorrect API key provided.")):
+        status, headers, data = raw_post(local.url, {"messages": MESSAGES, "max_tokens": 1}, key=key)
+        error = json.loads(data)["error"]
+        assert status == 401 and headers["www-authenticate"] == "Bearer"
+        assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error" and message in error["message"]
+    request = urllib.request.Request(local.url + "/models")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 401
+    with urllib.request.urlopen(local.url.removesuffix("/v1") + "/health", timeout=30) as reply:
+        assert json.loads(reply.read()) == {"status": "ok"}
+    status, _, data = raw_post(local.url, {"messages": MESSAGES, "max_tokens": 1, "temperature": 0})
+    assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] is not None
+
+
+def test_api_key_with_the_openai_sdk(local):
+    wrong = openai.OpenAI(base_url=local.url, api_key="sk-wrong", max_retries=0, timeout=120)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        wrong.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=1)
+    assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    right = openai.OpenAI(base_url=local.url, api_key=KEY, max_retries=0, timeout=120)
+    assert [m.id for m in right.models.list()] == ["smollm2"]
+    reply = right.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=2, temperature=0)
+    assert 1 <= reply.usage.completion_tokens <= 2
+    assert list(right.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=1, stream=True))
+
+
+def test_a_request_queued_past_the_deadline_gets_503(local):
+    """The test holds the model lock: the first request takes the one place and waits on the
+    lock inside; the second waits in the queue, and after 1 s is told 503 (OpenAI's error,
+    Retry-After) instead of waiting on; the first is answered once the lock is free."""
+    gate, lock = local.app.api.state.gate, local.app.api.state.lock
+    first: list = []
+    with lock:
+        runner = threading.Thread(target=lambda: first.append(raw_post(local.url, {"messages": MESSAGES, "max_tokens": 1})))
+        runner.start()
+        for _ in range(1000):  # until the first request is inside
+            if gate.inside == 1:
+                break
+            time.sleep(0.01)
+        assert gate.inside == 1
+        start = time.monotonic()
+        status, headers, data = raw_post(local.url, {"messages": MESSAGES, "max_tokens": 1})
+        waited = time.monotonic() - start
+        assert status == 503 and headers["retry-after"] == "1"
+        error = json.loads(data)["error"]
+        assert error["code"] == "queue_timeout" and error["type"] == "server_error" and "1 s in the queue" in error["message"]
+        assert 0.9 <= waited < 30
+        assert runner.is_alive()  # the first is still waiting for the model
+    runner.join(timeout=120)
+    assert first[0][0] == 200 and gate.inside == 0
+
+
+def test_an_error_mid_stream_ends_it_with_an_error_event(local, monkeypatch, capsys):
+    from recon.server import responses
+
+    real = responses.chat_chunks
+
+    def broken(*args, **kwargs):
+        chunks = real(*args, **kwargs)
+        yield next(chunks)  # the role chunk
+        yield next(chunks)  # the first token
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(responses, "chat_chunks", broken)
+    body = {"messages": MESSAGES, "max_tokens": 4, "stream": True, "temperature": 0}
+    status, headers, data = raw_post(local.url, body)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [e.removeprefix("data: ") for e in data.decode().split("\n\n") if e]
+    assert len(events) == 3 and "[DONE]" not in events  # two chunks, then the error, then the end: no [DONE]
+    assert [json.loads(e)["object"] for e in events[:2]] == ["chat.completion.chunk"] * 2
+    assert json.loads(events[2]) == {"error": {"message": "internal error while streaming: RuntimeError",
+                                               "type": "server_error", "param": None, "code": "internal_error"}}
+    sdk = openai.OpenAI(base_url=local.url, api_key=KEY, max_retries=0, timeout=120)
+    with pytest.raises(openai.APIError, match="internal error while streaming"):
+        list(sdk.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=4, stream=True))
+    err = capsys.readouterr().err
+    assert err.count("recon serve: stream: RuntimeError: boom\n") == 2 and "Traceback" not in err
+    monkeypatch.undo()  # and the server goes on serving
+    assert sdk.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=1).choices

@@ -17,7 +17,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
     from recon.audit.profiles import load_profile
     from recon.recovery.recover import Recovery, recover, summary_line
     from recon.recovery.scorers import make_scorer
-    from recon.samples.records import RecordStream, read_records
+    from recon.samples.records import read_records
+    from recon.samples.stream import RecordStream
 
     tok = load_tokenizer(args.tokenizer, family=args.family)
     bound = load_profile(args.profile).bind(tok)

@@ -4,40 +4,37 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from recon.errors import ReconError
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import ipaddress
     import socket
 
     from recon.recovery.model import LocalModel
-    from recon.server.serve import Limits, make_server
+    from recon.server.serve import Limits, is_loopback, make_server
 
-    for name in ("max_concurrency", "max_tokens_limit", "timeout"):
+    for name in ("max_concurrency", "max_tokens_limit", "timeout", "queue_timeout", "keep_alive", "max_connections"):
         if getattr(args, name) <= 0:
             raise ReconError(f"--{name.replace('_', '-')} must be positive")
     if args.max_queue < 0:
         raise ReconError("--max-queue must be 0 or more")
-    limits = Limits(max_concurrency=args.max_concurrency, max_queue=args.max_queue,
-                    max_tokens=args.max_tokens_limit, timeout=args.timeout)
+    api_key = args.api_key or os.environ.get("RECON_API_KEY") or None
+    if not is_loopback(args.host) and not api_key:
+        raise ReconError(f"--host {args.host} is not a loopback address; anyone who can reach it could use the model: "
+                         "give --api-key KEY (or set RECON_API_KEY)")
+    limits = Limits(max_concurrency=args.max_concurrency, max_queue=args.max_queue, queue_timeout=args.queue_timeout,
+                    max_tokens=args.max_tokens_limit, timeout=args.timeout, keep_alive=args.keep_alive,
+                    max_connections=args.max_connections)
     try:
-        loopback = ipaddress.ip_address(args.host).is_loopback
-    except ValueError:
-        loopback = args.host == "localhost"
-    if not loopback:
-        print(f"recon serve: warning: listening on {args.host} without authentication; anyone who can reach "
-              "it can use the model", file=sys.stderr, flush=True)
-    try:
-        with socket.socket() as probe:  # a taken port fails now, not after loading the model
+        with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((args.host, args.port))
-        server = make_server(LocalModel(args.model, threads=args.threads), args.host, args.port, limits)
+            probe.bind((args.host, args.port))  # a taken port fails now, not after loading the model
+        server = make_server(LocalModel(args.model, threads=args.threads), args.host, args.port, limits, api_key=api_key)
     except OSError as e:  # port taken, address not ours
         raise ReconError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
-    print(f"serving {args.model} on http://{args.host}:{server.server_port}/v1", flush=True)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"serving {args.model} on http://{host}:{server.server_port}/v1", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -69,7 +66,14 @@ def add_serve(sub) -> None:
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting beyond those; more get 429 (default 32)")
     p.add_argument("--max-tokens-limit", type=int, default=2048,
                    help="most tokens one request may generate, max_tokens x n (default 2048; bounds memory too)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds a connection may stall (default 30)")
+    p.add_argument("--queue-timeout", type=float, default=60.0,
+                   help="seconds a request may wait for the model; then 503 (default 60)")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a request may take to arrive, head and body, and a send may stall (default 30)")
+    p.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle connection stays open (default 5)")
+    p.add_argument("--max-connections", type=int, default=256, help="open connections; beyond, 503 (default 256)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (default: $RECON_API_KEY; "
+                   "needed to bind anything but loopback)")
     p.set_defaults(func=cmd_serve)
 
 
