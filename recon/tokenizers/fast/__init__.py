@@ -7,5 +7,7 @@ else; the native encoder stays the oracle, and the tests check every path agains
   Python's ``re`` on ASCII text, and the token-space boundary rules;
 * :mod:`~recon.tokenizers.fast.wordcache` — each distinct pre-token encoded once by the BPE model;
 * :mod:`~recon.tokenizers.fast.canonical` — a sample's ids confirmed as its text's encoding on
-  the ids themselves.
+  the ids themselves;
+* :mod:`~recon.tokenizers.fast.derive` — the boundary rules of a tiktoken-style pattern, read off
+  its structure (cl100k, Qwen, Kimi).
 """

@@ -23,12 +23,9 @@ from typing import Sequence
 
 import numpy as np
 
-from recon.tokenizers.fast.pretokenize import (
-    OTHER_SPACE,
-    SPACE,
-    Boundaries,
-    ascii_classes,
-)
+import regex
+
+from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
 from recon.tokenizers.fast.wordcache import WordCache
 
 
@@ -56,10 +53,10 @@ class CanonicalCheck:
         self._lengths = np.where(tabled, byte_lengths, 0)
         data, starts = np.frombuffer("".join(filter(None, texts[:vocab_size])).encode("ascii"), np.uint8), \
             np.cumsum(self._lengths) - self._lengths
-        classes = np.array(ascii_classes(), dtype=np.int8)
+        classes = np.array(rules.class_of(), dtype=np.int16)
 
         def class_at(where: np.ndarray, has: np.ndarray) -> np.ndarray:
-            out = np.zeros(vocab_size, np.int8)
+            out = np.zeros(vocab_size, np.int16)
             out[has] = classes[data[where[has]]]
             return out
 
@@ -70,8 +67,9 @@ class CanonicalCheck:
         self._rules = np.array(rules.pairs, dtype=bool)
         #: per id: the token ends with whitespace; it starts with a space the rules let a fresh
         #: pre-token start with after whitespace
-        self._ends_space = np.isin(last, [SPACE, OTHER_SPACE])
-        self._space_word = (first == SPACE) & np.isin(second, sorted(rules.space_then))
+        spaces = sorted({int(classes[ord(c)]) for c in ALPHABET if regex.match(r"\s", c)})
+        self._ends_space = np.isin(last, spaces)
+        self._space_word = (first == classes[ord(" ")]) & np.isin(second, sorted(rules.space_then))
         self._added = np.zeros(vocab_size, dtype=bool)
         self._added[list(added_ids)] = True
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet

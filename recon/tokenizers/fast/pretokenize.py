@@ -281,6 +281,13 @@ class Boundaries:
     space_then: frozenset[int] = frozenset()
     #: a character with a cut on both sides whatever surrounds it, or None
     glue: str | None = None
+    #: the class of each ASCII character, where the table is not over :func:`ascii_classes`'
+    #: (:mod:`recon.tokenizers.fast.derive` gives every character a class of its own)
+    classes: tuple[int, ...] | None = None
+
+    def class_of(self) -> list[int]:
+        """The class of each ASCII character, as ``pairs`` is indexed."""
+        return list(self.classes) if self.classes is not None else ascii_classes()
 
 
 def _digits_then_gpt2() -> Boundaries:
@@ -316,8 +323,9 @@ def _digits_then_gpt2() -> Boundaries:
 
 def boundary_rules(core) -> Boundaries | None:
     """The :class:`Boundaries` of a ``tokenizers.Tokenizer``'s pre-tokenizer, or None for one with
-    no rules here (only ``Digits`` then GPT-2's ``ByteLevel``, SmolLM2's, so far: each table is
-    derived by hand and checked against the native pre-tokenizer by the tests)."""
+    no rules here (only ``Digits`` then GPT-2's ``ByteLevel``, SmolLM2's, so far: derived by hand
+    and checked against the native pre-tokenizer by the tests; the tiktoken families' rules are
+    derived from their patterns, :mod:`recon.tokenizers.fast.derive`)."""
     if core.pre_tokenizer is None:
         return None
     try:
