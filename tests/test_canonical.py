@@ -158,32 +158,41 @@ def test_a_guess_that_spells_another_text_or_holds_unknown_ids_is_refused(smollm
     assert check.confirm(["hello world", "hello world!", "hello world"], [ids, ids, ids + [tok.vocab_size + 5]]) == \
         [True, False, False]
     assert check.confirm(["x"], [[-1]]) == [False]
-    assert check.confirm(["h\u00e9"], [tok.encode("h\u00e9")]) == [False]  # a token outside the ASCII table: unsure
+    he = tok.encode("h\u00e9")
+    assert check.confirm(["h\u00e9"], [he]) == [True]  # tokens outside ASCII: checked by their bytes
+    assert check.confirm(["h\u00e8"], [he]) == [False]  # bytes that spell another text
+    half = tok.bytes_to_id[b"\xc3"]  # a sample cut inside a character: it decodes to U+FFFD, not its bytes
+    assert tok.decode([half]) == "\ufffd" and tok.encode("\ufffd") != [half]
+    assert check.confirm(["\ufffd"], [[half]], ["\ufffd"]) == [False]
+    assert tok.encode_batch(["\ufffd"], guesses=[[half]], decoded=["\ufffd"]) == [tok.encode("\ufffd")]
+    assert check.confirm(["\ud800"], [he]) == [False]  # a lone surrogate: no ids spell it
     assert check.confirm(["", "a"], [[], None]) == [False, False]
 
 
 def test_stretches_learned_together_are_learned_as_one_by_one(smollm2):
     tok = recon.load_tokenizer("smollm2")
     check = tok.canonical_check()
-    assert check._glue is not None and tok.decode([check._glue[1]]) == "0"
+    assert check._glues and tok.decode([check._glues[0][1]]) == "0"  # Digits: a cut around every digit
     words = [" return", "self", " FakeProxyHandler", "(", "):", "\n   ", " x", "'s", "0", "12", "<|im_end|>", "a<|im_"]
     stretches = [tok.encode(w) for w in words] + [tok.encode(" ret") + tok.encode("urn")]  # the last: not canonical
     assert check._learn(stretches) == [tok.encode(tok.decode(s)) == s for s in stretches]
     assert check._learn(stretches)[-1] is False
+    glue, glue_id = check._glues[0][:2]
     glued = tok.encode("0".join(words[:3]))
-    assert check._unglue(glued, words[:3], check._glue[1]) == [tok.encode(w) for w in words[:3]]
-    assert check._unglue(glued, ["ab", *words[1:3]], check._glue[1]) is None  # the glue is not where the texts say
+    data = [w.encode() for w in words[:3]]
+    assert check._unglue(glued, data, glue_id) == [tok.encode(w) for w in words[:3]]
+    assert check._unglue(glued, [b"ab", *data[1:]], glue_id) is None  # the glue is not where the texts say
 
 
-def test_decoded_texts_stand_for_the_spelling_and_non_ascii_ones_are_left_to_the_encoder(smollm2):
+def test_decoded_texts_stand_for_the_spelling_and_non_ascii_ones_are_spelled_by_their_bytes(smollm2):
     tok = smollm2
     texts = ["hello world", "h\u00e9llo w\u00f6rld", "x = 1\n", "hello world"]
     guesses = [tok.encode(t) for t in texts]
     guesses[3] = tok.encode(" ret") + tok.encode("urn")  # spells " return", not the text
     decoded = tok.decode_batch(guesses)
     check = tok.canonical_check()
-    assert check.confirm(texts, guesses, decoded) == [True, False, True, False]
-    assert check.confirm(texts, guesses, [None, None, decoded[2], None]) == [True, False, True, False]
+    assert check.confirm(texts, guesses, decoded) == [True, True, True, False]
+    assert check.confirm(texts, guesses, [None, None, decoded[2], None]) == [True, True, True, False]
     assert tok.encode_batch(texts, guesses=guesses, decoded=decoded) == [tok.encode(t) for t in texts]
     odd = [guesses[0] + [tok.vocab_size + 7], [-3] + guesses[2]]  # ids no token holds: never confirmed
     assert check.confirm([texts[0], texts[2]], odd, [texts[0], texts[2]]) == [False, False]

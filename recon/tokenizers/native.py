@@ -294,12 +294,30 @@ class TiktokenTokenizer(Tokenizer):
             return self._encode_plain(texts, allow_special)
         if self.family.cut_long_runs:  # a text the loader would slice: not checked on its ids
             guesses = [g if len(t) <= MAX_RUN_CHARS else None for t, g in zip(texts, guesses)]
-        # a confirmed text is spelled by ASCII tokens, so NFC (Qwen's) leaves it as it is
+        if self.family.nfc:  # the core encodes a text's NFC: a text not in NFC is not its ids' encoding
+            guesses = [g if t.isascii() or unicodedata.is_normalized("NFC", t) else None for t, g in zip(texts, guesses)]
         out = check.encode(texts, guesses, decoded)
         rest = [k for k, ids in enumerate(out) if ids is None]
         for k, ids in zip(rest, self._encode_plain([texts[k] for k in rest], allow_special)):
             out[k] = ids
         return out  # type: ignore[return-value]
+
+    def _glued_encoder(self):
+        """The core's own encode, where it is exactly :meth:`encode` of the text: no added
+        token's content in it (tiktoken's ordinary encode extracts none) and, for a family that
+        normalizes, the text already in NFC. Stretches are shorter than the loader's slices."""
+        specials = getattr(self._core, "_special_tokens", None)
+        if specials is None:
+            return None
+        find = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True)))).search if specials else None
+        ordinary, nfc = self._core.encode_ordinary, self.family.nfc
+
+        def encode(text: str) -> list[int] | None:
+            if (find is not None and find(text)) or (nfc and not unicodedata.is_normalized("NFC", text)):
+                return None
+            return ordinary(text)
+
+        return encode
 
     def _boundary_rules(self) -> Boundaries | None:
         """Derived from the pattern the core runs (:mod:`recon.tokenizers.fast.derive`)."""

@@ -93,9 +93,15 @@ class Tokenizer(ABC):
             rules = self._boundary_rules()
             cache = self.word_cache(True) if rules is not None else None
             texts = self._ascii_texts if cache is not None else None
-            self._canonical = (CanonicalCheck(cache, texts, self.length_array, rules, self.added_ids)  # type: ignore[arg-type]
+            self._canonical = (CanonicalCheck(cache, texts, self.length_array, rules, self.added_ids,  # type: ignore[arg-type]
+                                              token_bytes=self.token_bytes, encode_glued=self._glued_encoder())
                                if texts is not None else None)
         return self._canonical
+
+    def _glued_encoder(self):
+        """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: the native encoding of one
+        long text, or None where the word cache should encode it (the default)."""
+        return None
 
     def _boundary_rules(self) -> Boundaries | None:
         return None

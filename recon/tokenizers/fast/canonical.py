@@ -7,7 +7,13 @@ instead, with NumPy, between two tokens where the pre-tokenizer starts a fresh p
 whatever text surrounds them (:func:`recon.tokenizers.fast.pretokenize.boundary_rules`: after a letter, around a
 digit, before whitespace...). Each stretch between two cuts is then checked once in the life of
 the process: a single token against a table over the vocabulary, two to a few tokens as one
-integer in a set. Only stretches never seen before are spelled out and encoded.
+integer in a set. Only stretches never seen before are spelled out and encoded, glued into
+long texts (one native call for many stretches, see :meth:`CanonicalCheck._encode`).
+
+Every token takes part, not only ASCII ones: a token's first and last character classes come from
+its bytes (a byte outside ASCII is class 0, which never cuts), so a cut always falls between two
+ASCII characters and every stretch is whole characters of the text. A sample whose ids hold a
+token outside ASCII is taken on only where its ids' bytes are exactly its text's UTF-8.
 
 Exact: encoding a text extracts its added tokens, pre-tokenizes the text between them and encodes
 each pre-token alone. A cut that is a pre-token boundary whatever surrounds it (and pre-tokenizes
@@ -19,7 +25,7 @@ between two cuts is the encoding of its own text.
 from __future__ import annotations
 
 from itertools import chain, compress
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -33,36 +39,41 @@ class CanonicalCheck:
     """Token-space check for one tokenizer (with ``allow_special``: added tokens' text is theirs).
 
     ``texts[id]`` is the text of each token whose native decode is its ASCII bytes, else None
-    (:attr:`recon.tokenizers.tokenizer.Tokenizer._ascii_texts`; ids that are None never pass);
-    ``byte_lengths[id]`` every token's length in bytes; ``rules`` the pre-tokenizer's
-    :class:`~recon.tokenizers.fast.pretokenize.Boundaries`; ``cache`` the word cache that encodes stretches never seen.
-    At most ``max_runs`` learned stretches of two tokens or more are kept; past that only those
-    the last batch used, the common ones (so memory stays flat)."""
+    (:attr:`recon.tokenizers.tokenizer.Tokenizer._ascii_texts`: a fast way to spell ASCII samples);
+    ``token_bytes[id]`` every token's bytes (``b""`` for an id no token holds, which never passes);
+    ``byte_lengths[id]`` their lengths; ``rules`` the pre-tokenizer's
+    :class:`~recon.tokenizers.fast.pretokenize.Boundaries`; ``cache`` the word cache that encodes
+    stretches never seen; ``encode_glued``, where given, the tokenizer's own encoding of one long
+    text holding no added token's content, or None where it can't vouch for it (the word cache
+    encodes it then). At most ``max_runs`` learned stretches of two tokens or more are kept; past
+    that only those the last batch used, the common ones (so memory stays flat)."""
 
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
-                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15):
+                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15, *,
+                 token_bytes: Sequence[bytes], encode_glued: Callable[[str], list[int] | None] | None = None):
         vocab_size = len(byte_lengths)
         self._cache = cache
         self._texts = texts
+        self._token_bytes = token_bytes
         self._byte_lengths = byte_lengths
-        glue = cache.encode_batch([rules.glue]) if rules.glue else None
-        #: (character, its id) that glues stretches learned together, where it is one token
-        self._glue = (rules.glue, glue[0][0]) if glue and len(glue[0]) == 1 else None
-        # each token's first, second and last character's class (0 for a token outside the table)
-        tabled = np.fromiter((text is not None for text in texts[:vocab_size]), bool, vocab_size)
-        self._lengths = np.where(tabled, byte_lengths, 0)
-        data, starts = np.frombuffer("".join(filter(None, texts[:vocab_size])).encode("ascii"), np.uint8), \
-            np.cumsum(self._lengths) - self._lengths
-        classes = np.array(rules.class_of(), dtype=np.int16)
+        self._encode_glued = encode_glued or (lambda text: cache.encode_batch([text])[0])
+        #: per id: in the ASCII table (its text is ``texts[id]``)
+        self._ascii = np.fromiter((text is not None for text in texts[:vocab_size]), bool, vocab_size)
+        self._known = byte_lengths > 0
+        # each token's first, second and last character's class (0 outside ASCII, or no token)
+        data = np.frombuffer(b"".join(token_bytes[:vocab_size]), np.uint8)
+        starts = np.cumsum(byte_lengths) - byte_lengths
+        classes = np.zeros(256, dtype=np.int16)
+        classes[:128] = rules.class_of()
 
         def class_at(where: np.ndarray, has: np.ndarray) -> np.ndarray:
             out = np.zeros(vocab_size, np.int16)
             out[has] = classes[data[where[has]]]
             return out
 
-        first = class_at(starts, tabled)  # (a token in the table has a character at least)
-        second = class_at(starts + 1, tabled & (self._lengths > 1))
-        last = class_at(starts + self._lengths - 1, tabled)
+        first = class_at(starts, self._known)
+        second = class_at(starts + 1, byte_lengths > 1)
+        last = class_at(starts + byte_lengths - 1, self._known)
         self._first, self._last = first, last
         self._rules = np.array(rules.pairs, dtype=bool)
         #: per id: the token ends with whitespace; it starts with a space the rules let a fresh
@@ -72,14 +83,40 @@ class CanonicalCheck:
         self._space_word = (first == classes[ord(" ")]) & np.isin(second, sorted(rules.space_then))
         self._added = np.zeros(vocab_size, dtype=bool)
         self._added[list(added_ids)] = True
+        self._glues = self._glue_characters(rules, classes)
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
         self._single = np.full(vocab_size, -1, dtype=np.int8)
         #: a stretch of 2.._pack tokens packed into one int: ``_bits`` bits per id + 1
         self._bits = max(1, vocab_size.bit_length())
         self._pack = 64 // self._bits
         self._runs: set[int] = set()  # packed stretches known to be their text's encoding
-        self._long: set[tuple[int, ...]] = set()  # longer ones, as tuples
+        self._long: set[bytes] = set()  # longer ones, as their ids' int32 bytes
         self.max_runs = max_runs
+
+    def _glue_characters(self, rules: Boundaries, classes: np.ndarray) -> list[tuple[bytes, int, np.ndarray, np.ndarray]]:
+        """ASCII characters that glue stretches together, best first: (its byte, its id, the
+        classes a stretch may end with before it, those it may start with after it). A glue
+        character g fits between two stretches when the rules cut between the first's last
+        character and g and between g and the second's first character: then the glued text's
+        pre-tokens are the first's, g alone, and the second's. Only characters that are one token
+        of their own are taken."""
+        pairs = self._rules
+        found = []
+        for char in dict.fromkeys(([rules.glue] if rules.glue else []) + list(ALPHABET)):
+            c = int(classes[ord(char)])
+            before, after = pairs[:, c].copy(), pairs[c, :].copy()
+            if before.sum() + after.sum() == 0:
+                continue
+            found.append((-(int(before.sum()) + int(after.sum())), char, before, after))
+        found.sort(key=lambda f: f[0])
+        glues = []
+        for _, char, before, after in found[:8]:
+            ids = self._cache.encode_batch([char])[0]
+            if len(ids) == 1 and self._token_bytes[ids[0]] == char.encode():
+                glues.append((char.encode(), ids[0], before, after))
+            if len(glues) == 3:
+                break
+        return glues
 
     def confirm(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None],
                 decoded: Sequence[str | None] | None = None) -> list[bool]:
@@ -97,32 +134,21 @@ class CanonicalCheck:
         :meth:`recon.tokenizers.tokenizer.Tokenizer.decode_batch` returned it): the guess is then compared
         with the text through it, instead of being spelled out again."""
         out: list[list[int] | None] = [None] * len(texts)
-        spelled: list[int] = []  # texts their guess decodes to
-        join, get = "".join, self._texts.__getitem__
-        for k, (text, ids) in enumerate(zip(texts, guesses)):
-            if ids is None or not len(ids):
-                continue
-            if decoded is not None and decoded[k] is not None:
-                if decoded[k] == text:
-                    spelled.append(k)
-                continue
-            try:  # a token outside the ASCII table is None there, and join refuses it
-                if join(map(get, ids)) == text:
-                    spelled.append(k)
-            except (TypeError, IndexError):
-                continue
+        spelled = [k for k, ids in enumerate(guesses) if ids is not None and len(ids)]
         if not spelled:
             return out
         counts = np.fromiter(map(len, (guesses[k] for k in spelled)), np.int64, len(spelled))
         flat = np.fromiter(chain.from_iterable(guesses[k] for k in spelled), np.int64, int(counts.sum()))
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        inside = (flat >= 0) & (flat < len(self._lengths))  # (a decode skips ids it doesn't know)
-        tabled = np.zeros(len(flat), dtype=bool)
-        tabled[inside] = self._lengths[flat[inside]] > 0
-        tabled = np.logical_and.reduceat(tabled, starts)  # every token in the ASCII table
-        if not tabled.all():  # (decoded texts were not spelled from the table): only those go on
-            flat = flat[np.repeat(tabled, counts)]
-            spelled, counts = list(compress(spelled, tabled.tolist())), counts[tabled]
+        inside = (flat >= 0) & (flat < len(self._byte_lengths))  # (a decode skips ids it doesn't know)
+        known, ascii_ = np.zeros(len(flat), dtype=bool), np.zeros(len(flat), dtype=bool)
+        known[inside], ascii_[inside] = self._known[flat[inside]], self._ascii[flat[inside]]
+        ok = self._spelled(texts, guesses, decoded, spelled, np.logical_and.reduceat(known, starts).tolist(),
+                           np.logical_and.reduceat(ascii_, starts).tolist())
+        if not all(ok):  # only the samples their ids spell go on
+            keep = np.array(ok, dtype=bool)
+            flat = flat[np.repeat(keep, counts)]
+            spelled, counts = list(compress(spelled, ok)), counts[keep]
             if not spelled:
                 return out
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
@@ -152,13 +178,19 @@ class CanonicalCheck:
             encoded = self._encode([flat[first[b] : first[b] + size[b]].tolist() for b in bad.tolist()])
             spliced: dict[int, list[int]] = {}
             at: dict[int, int] = {}  # per sample: how far its guess is copied
+            unsure: set[int] = set()  # (a stretch with no encoding: the caller encodes the sample)
             for b, s, ids in zip(bad.tolist(), sample.tolist(), encoded):
+                if ids is None:
+                    unsure.add(s)
+                    continue
                 guess, begin = guesses[spelled[s]], int(first[b] - starts[s])
                 done = spliced.setdefault(s, [])
                 done += guess[at.get(s, 0) : begin]
                 done += ids
                 at[s] = begin + int(size[b])
             for s, done in spliced.items():
+                if s in unsure:
+                    continue
                 guess = guesses[spelled[s]]
                 out[spelled[s]] = done + list(guess[at[s] :])
         if len(self._runs) + len(self._long) > self.max_runs:  # full: keep what this batch used
@@ -168,42 +200,65 @@ class CanonicalCheck:
             self._runs, self._long = runs, longs
         return out
 
+    def _spelled(self, texts, guesses, decoded, which: list[int], known: list[bool], ascii_: list[bool]) -> list[bool]:
+        """Per sample in ``which``: whether its ids spell its text exactly. Ids all in the ASCII
+        table: their decode (given, or joined from the table) is the text; else every id a token
+        and the ids' bytes the text's UTF-8 (a decode replaces invalid UTF-8, so it can't tell)."""
+        join, get = "".join, self._texts.__getitem__
+        bjoin, get_bytes = b"".join, self._token_bytes.__getitem__
+        ok = []
+        for k, is_known, is_ascii in zip(which, known, ascii_):
+            text = texts[k]
+            if not is_known:
+                ok.append(False)
+            elif decoded is not None and decoded[k] is not None and (is_ascii or decoded[k] != text):
+                ok.append(decoded[k] == text)  # (a decode that differs: the bytes differ too)
+            elif is_ascii:
+                ok.append(join(map(get, guesses[k])) == text)
+            else:
+                try:
+                    ok.append(bjoin(map(get_bytes, guesses[k])) == text.encode("utf-8"))
+                except UnicodeEncodeError:  # a lone surrogate: no ids spell it
+                    ok.append(False)
+        return ok
+
     def _added_where_held(self, texts, spelled: list[int], flat, starts, added) -> np.ndarray:
         """Per sample: whether the encoder extracts from its text exactly the added tokens its ids
         hold, at the same offsets (text that spells an added token with ordinary ones, or an added
         token the encoder would not extract, fails)."""
-        ends = np.cumsum(self._lengths[flat])
+        lengths = self._byte_lengths[flat]
+        ends = np.cumsum(lengths)
         at = np.flatnonzero(added)
         sample = np.searchsorted(starts, at, side="right") - 1
         base = np.concatenate(([0], ends))[starts]  # each sample's first byte, laid end to end
-        offsets = (ends[at] - self._lengths[flat[at]] - base[sample]).tolist()
+        offsets = (ends[at] - lengths[at] - base[sample]).tolist()
         held: list[list[tuple[int, int]]] = [[] for _ in spelled]
         for s, offset, token_id in zip(sample.tolist(), offsets, flat[at].tolist()):
             held[s].append((offset, token_id))
-        return np.fromiter((self._cache.added_spans(texts[k]) == spans for k, spans in zip(spelled, held)),
+        return np.fromiter((_in_bytes(texts[k], self._cache.added_spans(texts[k])) == spans for k, spans in zip(spelled, held)),
                            dtype=bool, count=len(spelled))
 
     def _stretches_known(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray,
-                         added: np.ndarray) -> tuple[np.ndarray, list[int], list[tuple[int, ...]]]:
+                         added: np.ndarray) -> tuple[np.ndarray, list[int], list[bytes]]:
         """Per stretch (``size[s]`` tokens from ``flat[first[s]]``): whether it is its own text's
-        encoding; and the keys of the stretches of two tokens or more, packed and as tuples.
+        encoding; and the keys of the stretches of two tokens or more: packed in an int, or
+        longer ones as their ids' bytes.
         Stretches not seen before are learned together, in one batch encode."""
         good = np.ones(len(first), dtype=bool)  # an added token alone: extracted where it should be
         lone = np.flatnonzero((size == 1) & ~added[first])
         packed = np.flatnonzero((size > 1) & (size <= self._pack))
         long = np.flatnonzero(size > self._pack)
         lone_ids = flat[first[lone]]
-        keys = self._packed(flat, first[packed], size[packed]).tolist()
-        tuples = [tuple(flat[first[s] : first[s] + size[s]].tolist()) for s in long.tolist()]
+        packed_keys = self._packed(flat, first[packed], size[packed])
+        keys = packed_keys.tolist()
+        tuples = _slices(flat, first[long], size[long])
         runs, longs = self._runs, self._long
         new_lone = np.unique(lone_ids[self._single[lone_ids] < 0]).tolist()
-        new_packed: dict[int, list[int]] = {}
-        for k in np.flatnonzero(~np.fromiter(map(runs.__contains__, keys), bool, len(keys))).tolist():
-            if keys[k] not in new_packed:
-                s = packed[k]
-                new_packed[keys[k]] = flat[first[s] : first[s] + size[s]].tolist()
+        missing = np.unique(packed_keys[~np.fromiter(map(runs.__contains__, keys), bool, len(keys))])
+        new_packed = dict(zip(missing.tolist(), self._unpacked(missing)))
         new_long = [t for t in dict.fromkeys(tuples) if t not in longs]
-        stretches = [[i] for i in new_lone] + list(new_packed.values()) + [list(t) for t in new_long]
+        stretches = [[i] for i in new_lone] + list(new_packed.values()) + \
+            [memoryview(t).cast("i").tolist() for t in new_long]
         if stretches:
             ok = iter(self._learn(stretches))
             for i in new_lone:
@@ -219,37 +274,73 @@ class CanonicalCheck:
         """Whether each stretch is the encoding of its own text."""
         return [got == want for got, want in zip(self._encode(stretches), stretches)]
 
-    def _encode(self, stretches: list[list[int]]) -> list[list[int]]:
-        """The encoding of each stretch's text. The texts are encoded as one, glued with a
-        character the pre-tokenizer always cuts around (a digit, for Digits then GPT-2): one
-        call instead of one per stretch. The encoding comes apart at the glue when each glue
-        character is a token of its own at its place (else, say where an added token's text
-        spans the glue, the stretches are encoded one by one)."""
-        get = self._texts.__getitem__
-        texts = ["".join(map(get, ids)) for ids in stretches]
-        glue = self._glue
-        if glue is None or len(texts) < 2:
-            encoded = self._cache.encode_batch(texts)
-        else:
-            ids = self._cache.encode_batch([glue[0].join(texts)])[0]
-            encoded = self._unglue(ids, texts, glue[1])
-            if encoded is None:
-                encoded = self._cache.encode_batch(texts)
-        return encoded
+    def _encode(self, stretches: list[list[int]]) -> list[list[int] | None]:
+        """The encoding of each stretch's text (None for one whose bytes are not UTF-8).
 
-    def _unglue(self, ids: list[int], texts: list[str], glue_id: int) -> list[list[int]] | None:
+        The texts are encoded many at a time, glued with a character the rules cut around
+        where the two stretches meet (:meth:`_glue_characters`; a digit, mostly): one native
+        call instead of one per stretch, whose per-call overhead would cost more than the BPE.
+        The encoding comes apart at the glue when each glue character is a token of its own at
+        its place (else, say where an added token's text spans the glue, or where the glued text
+        is not one the encoder vouches for, the stretches are encoded one by one)."""
+        get = self._token_bytes.__getitem__
+        data = [b"".join(map(get, ids)) for ids in stretches]
+        out: list[list[int] | None] = [None] * len(stretches)
+        if self._glues and len(stretches) > 1:
+            firsts = self._first[np.fromiter((ids[0] for ids in stretches), np.int64, len(stretches))]
+            lasts = self._last[np.fromiter((ids[-1] for ids in stretches), np.int64, len(stretches))]
+            todo = np.ones(len(stretches), dtype=bool)
+            for glue, glue_id, before, after in self._glues:
+                fits = np.flatnonzero(todo & before[lasts] & after[firsts])
+                todo[fits] = False
+                for group in _groups(fits.tolist(), data):
+                    for i, ids in zip(group, self._glued(glue, glue_id, [data[i] for i in group])):
+                        out[i] = ids
+        alone, texts = [], []
+        for i, ids in enumerate(out):
+            if ids is None:
+                try:
+                    texts.append(data[i].decode("utf-8"))
+                    alone.append(i)
+                except UnicodeDecodeError:
+                    pass
+        for i, ids in zip(alone, self._cache.encode_batch(texts)):
+            out[i] = ids
+        return out
+
+    def _glued(self, glue: bytes, glue_id: int, data: list[bytes]) -> list[list[int] | None]:
+        """The encodings of the texts ``data`` spell, from one encode of them glued with ``glue``
+        (the rules cut around it at every place it is put); Nones where that can't be done."""
+        try:
+            text = glue.join(data).decode("utf-8")
+        except UnicodeDecodeError:
+            return [None] * len(data)
+        ids = self._encode_glued(text)
+        encoded = self._unglue(ids, data, glue_id) if ids is not None else None
+        return encoded if encoded is not None else [None] * len(data)
+
+    def _unglue(self, ids: list[int], data: list[bytes], glue_id: int) -> list[list[int]] | None:
         """The encoding of the texts glued (one glue character between two) cut back into each
         text's, or None where a glue character is not a token of its own at its place."""
+        if len(data) == 1:
+            return [ids]
         held = np.array(ids, dtype=np.int64)
         lengths = self._byte_lengths[held]
         starts = np.cumsum(lengths) - lengths
-        sizes = np.fromiter(map(len, texts), np.int64, len(texts))  # ASCII: characters are bytes
-        places = np.cumsum(sizes[:-1] + 1) - 1  # where each glue character is
+        sizes = np.fromiter(map(len, data), np.int64, len(data))
+        places = np.cumsum(sizes[:-1] + 1) - 1  # where each glue character is, in bytes
         at = np.searchsorted(starts, places)
         if (at >= len(ids)).any() or not ((starts[at] == places) & (lengths[at] == 1) & (held[at] == glue_id)).all():
             return None
         bounds = [-1, *at.tolist(), len(ids)]
         return [ids[a + 1 : b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def _unpacked(self, keys: np.ndarray) -> list[list[int]]:
+        """The ids of each packed stretch (:meth:`_packed` undone)."""
+        mask, bits = np.uint64((1 << self._bits) - 1), np.uint64(self._bits)
+        columns = [((keys >> (bits * np.uint64(j))) & mask).astype(np.int64) - 1 for j in range(self._pack)]
+        ids = np.stack(columns, axis=1).tolist() if len(keys) else []
+        return [[i for i in row if i >= 0] for row in ids]
 
     def _packed(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Each stretch of at most ``_pack`` tokens as one integer: id + 1 in each ``_bits`` bits."""
@@ -258,3 +349,37 @@ class CanonicalCheck:
             inside = size > j
             keys[inside] |= (flat[first[inside] + j] + 1).astype(np.uint64) << np.uint64(self._bits * j)
         return keys
+
+
+def _in_bytes(text: str, spans: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
+    """(offset, id) spans with their offsets in characters of ``text`` made offsets in its UTF-8 bytes."""
+    if not spans or text.isascii():
+        return spans
+    return [(len(text[:offset].encode("utf-8")), token_id) for offset, token_id in spans]
+
+
+#: bytes of stretches glued into one text at most (past that, a new text)
+GLUED_BYTES = 1 << 16
+
+
+def _groups(which: list[int], data: list[bytes]) -> list[list[int]]:
+    """``which`` cut into runs of at most about :data:`GLUED_BYTES` of data each."""
+    groups, group, size = [], [], 0
+    for i in which:
+        group.append(i)
+        size += len(data[i]) + 1
+        if size >= GLUED_BYTES:
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _slices(flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> list[bytes]:
+    """Each stretch (``size[s]`` ids from ``flat[first[s]]``) as its ids' int32 bytes: an exact
+    key, sliced from one buffer (a tuple of ints per stretch costs several times more)."""
+    if not len(first):
+        return []
+    buf = flat.astype(np.int32).tobytes()
+    return list(map(buf.__getitem__, map(slice, (first * 4).tolist(), ((first + size) * 4).tolist())))
