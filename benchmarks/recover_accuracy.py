@@ -5,6 +5,13 @@
     python benchmarks/recover_accuracy.py --shard 1/2
     python benchmarks/recover_accuracy.py --report             # ... and report from their rows
                                                                # (no shards: from the bundled rows)
+    python benchmarks/recover_accuracy.py --limit 4 --out /tmp/rows.jsonl   # a quick look: the first 4 of each file
+    python benchmarks/recover_accuracy.py --inputs mine.jsonl --out /tmp/rows.jsonl  # your own samples (tuning)
+
+Every failure is classified: a *search error* when the sampled ids score higher than the returned
+ones under the sampling distribution (the record's temperature, and top-p/top-k/min-p where its
+meta says; what the search maximizes), else a *model error* (the model prefers what was
+returned: no search can fix it). Calibration: of the samples at confidence >= 0.9, the share exact.
 
 Input: ``data/heldout-t0.7.jsonl`` and ``data/heldout-t1.3.jsonl`` (made by ``recon generate``
 with seed 11, not the bundled seed-0 samples; see data/README.md). Only the API view is used
@@ -28,16 +35,22 @@ INPUTS = [DATA / "heldout-t0.7.jsonl", DATA / "heldout-t1.3.jsonl"]
 ROWS = DATA / "recover-heldout.jsonl"
 
 
-def recover_rows(shard: tuple[int, int], out: Path, threads: int) -> None:
+def load(inputs: list[Path], limit: int | None):
+    from recon.samples.records import read_records
+
+    return [r for path in inputs for r in read_records(path).records[:limit]]
+
+
+def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[Path], limit: int | None) -> None:
     import recon
     from recon.audit.profiles import load_profile
-    from recon.samples.records import read_records
-    from recon.recovery.recover import recover
+    from recon.recovery.recover import recover, sampling_of
     from recon.recovery.scorers import make_scorer
+    from recon.recovery.search import score_ids
 
     tok = recon.load_tokenizer("smollm2")
     bound = load_profile("chatml").bind(tok)
-    records = [r for path in INPUTS for r in read_records(path).records]
+    records = load(inputs, limit)
     mine = records[shard[0] :: shard[1]]
     scorer = make_scorer("local", tok, threads=threads)
     with open(out, "w", encoding="utf-8") as f:
@@ -48,13 +61,19 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int) -> None:
                    "tokens": len(rec.output_ids), "canonical_exact": res.canonical_exact, "exact": res.exact,
                    "changed": res.changed, "confidence": None if res.confidence is None else round(res.confidence, 6),
                    "candidates": res.n_candidates, "choices": len(res.choices), "calls": res.passes,
-                   "seconds": round(took, 2), "error": res.error}
+                   "seconds": round(took, 2), "error": res.error, "failure": None}
+            if res.ids is not None and not res.exact:  # judged by the score the search maximizes
+                sampling = sampling_of(rec, scorer)
+                got = score_ids(rec.prompt_ids, res.ids, scorer, sampling)
+                sampled = score_ids(rec.prompt_ids, rec.output_ids, scorer, sampling)
+                row.update(returned_score=round(got, 4), sampled_score=round(sampled, 4),
+                           failure="search" if sampled > got + 1e-4 else "model")
             f.write(json.dumps(row) + "\n")
             f.flush()
             start = time.perf_counter()
 
 
-def report(paths: list[Path]) -> None:
+def report(paths: list[Path], inputs: list[Path], rows_out: Path) -> None:
     """Merge the shards' rows in input order, mark the non-canonical samples (same bytes as the
     canonical encode, other ids: the audit's non_canonical_bpe), write ROWS, print the table."""
     import pandas as pd
@@ -66,23 +85,42 @@ def report(paths: list[Path]) -> None:
     tok = recon.load_tokenizer("smollm2")
     found = {(r["dataset"], r["id"]): r for p in paths for r in map(json.loads, p.read_text().splitlines())}
     rows = []
-    for path in INPUTS:
+    for path in inputs:
         for rec in read_records(path).records:
             row = found.get((rec.dataset, rec.id))
             if row is None:
                 continue
             canonical = tok.encode(rec.response.content) + ([rec.output_ids[-1]] if rec.response.finish_reason == "stop" else [])
-            if "\ufffd" in (rec.response.content or ""):
-                row["confidence"] = 0.0  # as recon.recovery.recover.recover sets it: bytes were lost
             row["non_canonical"] = not row["canonical_exact"] and tok.ids_bytes(canonical) == tok.ids_bytes(rec.output_ids)
             rows.append(row)
     frame = pd.DataFrame(rows)
-    with open(ROWS, "w", encoding="utf-8") as f:
+    with open(rows_out, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     print(recovery_table(frame).to_string())
-    print(f"\nrows: {ROWS.relative_to(ROOT)} ({len(frame)} samples; recovery took {frame.seconds.sum() / 60:.1f} "
+    print_failures(frame)
+    print(f"\nrows: {rows_out} ({len(frame)} samples; recovery took {frame.seconds.sum() / 60:.1f} "
           f"CPU-minutes, median {frame.seconds.median():.1f} s a sample, {frame.calls.median():.0f} scorer calls)")
+
+
+def print_failures(frame) -> None:
+    """Per temperature: recovered / search errors / model errors among the samples whose canonical
+    encode is wrong, and the calibration line."""
+    wrong = frame[~frame["canonical_exact"]]
+    failure = frame["failure"] if "failure" in frame else None
+    print("\ntemperature  canonical wrong  recovered  search errors  model errors")
+    for t, g in sorted(wrong.groupby("temperature"), key=lambda kv: kv[0]):
+        kinds = g["failure"] if failure is not None else None
+        search = int((kinds == "search").sum()) if kinds is not None else "?"
+        model = int((kinds == "model").sum()) if kinds is not None else "?"
+        print(f"{t:>11g}  {len(g):>15}  {int(g['exact'].sum()):>9}  {search!s:>13}  {model!s:>12}")
+    if failure is not None:
+        broken = frame[frame["canonical_exact"] & ~frame["exact"]]
+        print(f"exact samples made wrong: {len(broken)} (search errors among them {int((broken['failure'] == 'search').sum())})")
+    sure = frame[frame["confidence"] >= 0.9]
+    share = f"{sure['exact'].mean():.1%}" if len(sure) else "n/a"
+    print(f"calibration: {len(sure)} samples at confidence >= 0.9, {int(sure['exact'].sum())} exact ({share}); "
+          f"mean confidence {frame['confidence'].mean():.3f} vs exact share {frame['exact'].mean():.3f}")
 
 
 def main() -> None:
@@ -90,27 +128,33 @@ def main() -> None:
     ap.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th sample from the i-th")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--report", action="store_true", help="only merge the shards' rows and report")
+    ap.add_argument("--limit", type=int, help="only the first N samples of each input file (a quick run)")
+    ap.add_argument("--inputs", nargs="+", type=Path, help="sample files (default: the held-out files)")
+    ap.add_argument("--out", type=Path, help=f"rows file (default {ROWS.relative_to(ROOT)}, the bundled rows)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    inputs, rows_out = args.inputs or INPUTS, args.out or ROWS
     i, n = map(int, args.shard.split("/"))
-    part = DATA / f".recover-shard-{i}-of-{n}.jsonl"
+    tag = "" if rows_out == ROWS else f"-{rows_out.stem}"
+    part = DATA / f".recover{tag}-shard-{i}-of-{n}.jsonl"
     if not args.report:
-        recover_rows((i, n), part, args.threads)
+        recover_rows((i, n), part, args.threads, inputs, args.limit)
         if n > 1:
             print(f"wrote {part}; run --report when every shard is done")
             return
-    parts = sorted(DATA.glob(".recover-shard-*.jsonl"))
+    parts = sorted(DATA.glob(f".recover{tag}-shard-*-of-*.jsonl"))
     if not parts and ROWS.is_file():  # no fresh shards: report from the bundled rows
         from recon.recovery.recover import recovery_table
         import pandas as pd
 
         frame = pd.read_json(ROWS, lines=True)
         print(recovery_table(frame).to_string())
+        print_failures(frame)
         print(f"\nrows: {ROWS.relative_to(ROOT)} (bundled; run without --report to recover again)")
         return
     if not parts:
         sys.exit("no shard rows in data/; run without --report first")
-    report(parts)
+    report(parts, inputs, rows_out)
 
 
 if __name__ == "__main__":

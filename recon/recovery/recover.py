@@ -5,89 +5,38 @@ into tokens differently (the model sampled ``Ġj`` + ``ets`` where the tokenizer
 ``Ġjets``). Those ids are not lost: the bytes admit only a few segmentations, and the model
 that sampled them ranks them.
 
-The search is constrained decoding, done speculatively. The canonical encoding is the draft;
-one teacher-forced pass over prompt + draft gives the model's distribution at every position,
-read for every token whose bytes are a prefix of the text still to come (sampled tokens are
-often far outside any top-k: rank 2,851 for a real ``Ġescape`` at temperature 1.3). Where such
-a token beats the draft's, or the draft's holds less than ``flag`` of their probability, the
-contenders are compared by scoring their drafts over a window: each contender token, the bytes
-after it refilled with the fewest tokens up to the next draft boundary or one of the two after
-(``ber`` + ``rying`` where the draft had ``berry`` + ``ing``), summed from the cut to a few
-tokens past where all contenders rejoin. A bare ``Ġ`` often beats ``Ġstated`` as a token, rarely
-as a window. The best draft wins and a new pass verifies the rest; the model's key/value cache
-of the shared prefix is reused (:class:`LocalScorer`), so each pass or window runs only the
-tokens after the cut.
+The search (:mod:`recon.recovery.search`) is a beam over the states of the text, every prefix
+scored exactly under the sampling distribution (the record's temperature, and top-k/top-p/min-p
+where its ``meta`` says, :mod:`recon.recovery.sampling`), every token the text allows read by id.
+It drops a prefix only when another prefix already reaches the state, or the next point every
+candidate must pass, more than ``delta`` nats higher. Text holding U+FFFD (a sample cut inside a
+character) is searched too: there any bytes the decoder turns into U+FFFD may stand.
 
 Scores come from a :class:`Scorer`: the local model (:class:`LocalScorer`, the ``generate``
 extra) or an OpenAI-compatible server's prompt logprobs (:class:`ServerScorer`, vLLM's shape).
-A server reports only its top-k per position, so it sees fewer alternatives than the local model.
-The confidence is the product, over positions, of the chosen cut's share of probability: among
-the byte-consistent tokens there, or where windows were compared, among the windows (at the
-sampling temperature when the record's ``meta`` has it and the scorer can apply it). 1.0 means
-no other cut had any weight.
+A server reports only its top-k per position, so it sees fewer alternatives than the local model,
+and scores at temperature 1 without truncation. The confidence is the returned ids' share of
+probability among every candidate the search saw (complete, or dropped on the way).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from recon.audit.profiles import BoundProfile
 from recon.audit.reconstruct import reconstruct_batch, view_of
 from recon.errors import ReconError
+from recon.recovery.sampling import Sampling
 from recon.recovery.scorers import Scorer
+from recon.recovery.search import Segmenter, search
 from recon.samples.records import Record
-from recon.tokenizers.tokenizer import Tokenizer
 
 #: positions where the chosen token holds less than this share are reported as choices
 CHOICE_SHARE = 0.99
-#: bytes a re-cut may span (from the cut to where it rejoins the draft)
+#: bytes a re-cut may span (from the cut to where it rejoins the draft), for candidate_sequences
 MAX_SPAN = 32
-
-
-# -- segmentations ---------------------------------------------------------------------------------------
-class Segmenter:
-    """Which ordinary tokens spell a given stretch of bytes (special tokens never stand in for text)."""
-
-    def __init__(self, tok: Tokenizer):
-        self.tok = tok
-        fixed = {t.id for t in tok.added_tokens}
-        self.token_bytes = tok.token_bytes
-        self.ordinary = {data: i for data, i in tok.bytes_to_id.items() if i not in fixed}
-        self.fixed = frozenset(fixed)
-        self.max_len = max(map(len, self.ordinary))
-
-    def prefixes(self, data: bytes, lo: int, hi: int) -> list[int]:
-        """Ordinary tokens whose bytes are a prefix of ``data[lo:hi]``."""
-        found = []
-        for length in range(1, min(self.max_len, hi - lo) + 1):
-            tid = self.ordinary.get(data[lo : lo + length])
-            if tid is not None:
-                found.append(tid)
-        return found
-
-    def fewest(self, data: bytes) -> list[int]:
-        """The segmentation of ``data`` into the fewest ordinary tokens (longest first on ties)."""
-        n = len(data)
-        best: list[tuple[int, int] | None] = [None] * (n + 1)  # (tokens, length of last) to reach i
-        best[0] = (0, 0)
-        for i in range(n):
-            if best[i] is None:
-                continue
-            for length in range(min(self.max_len, n - i), 0, -1):
-                if data[i : i + length] in self.ordinary:
-                    cand = (best[i][0] + 1, length)
-                    if best[i + length] is None or cand[0] < best[i + length][0]:
-                        best[i + length] = cand
-        if best[n] is None:
-            raise ReconError(f"no segmentation of {data!r} into ordinary tokens")
-        out, i = [], n
-        while i:
-            length = best[i][1]
-            out.append(self.ordinary[data[i - length : i]])
-            i -= length
-        return out[::-1]
 
 
 # -- results ---------------------------------------------------------------------------------------------
@@ -189,119 +138,33 @@ def _cuts(seg: Segmenter, ids: Sequence[int], k: int, tid: int, rejoins: int) ->
     return out
 
 
-def _spellable(seg: Segmenter, ids: Sequence[int], offs: Sequence[int], data: bytes, k: int) -> tuple[int, int]:
-    """Byte range position ``k`` may take a token from: up to the next fixed (special) token."""
-    end = next((offs[j] for j in range(k, len(ids)) if ids[j] in seg.fixed), len(data))
-    return offs[k], end
-
-
-def _share(chosen_lp: float, lps: Iterable[float]) -> float:
-    lps = list(lps)
-    top = max(lps)
-    return math.exp(chosen_lp - top) / sum(math.exp(x - top) for x in lps)
-
-
-def _boundary_index(seg: Segmenter, ids: Sequence[int], offset: int) -> int:
-    """The index in ``ids`` of the token starting at byte ``offset`` (len(ids) at the end)."""
-    pos = 0
-    for j, i in enumerate(ids):
-        if pos >= offset:
-            return j
-        pos += len(seg.token_bytes[i])
-    return len(ids)
-
-
 def recover_ids(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer: Scorer, *,
-                temperature: float = 1.0, lookahead: bool = True, margin: float = 8.0, window: int = 4,
-                rejoins: int = 2, flag: float = 0.98, max_passes: int = 400) -> tuple[list[int], float, list[Choice], int]:
-    """The most likely ids spelling the same bytes as ``canonical`` after ``prompt``.
-
-    Returns (ids, confidence, choices, scorer calls). At a position where the draft's token holds
-    less than ``flag`` of the probability among the byte-consistent tokens (or isn't the most
-    likely), every such token within ``margin`` nats of the best is tried: its draft is scored up
-    to ``window`` tokens past the point where all contenders rejoin the same cut, and the best
-    sum wins. A token-level choice alone would pick a bare ``Ġ`` over ``Ġstated``; the window
-    sees that ``stated`` without its space is improbable. ``lookahead=False`` takes the best
-    token alone (cheaper, worse)."""
-    tb = seg.token_bytes
-    draft = list(canonical)
-    data = b"".join(tb[i] for i in draft)
-    n = len(prompt)
-    start, calls, confidence, choices = 0, 0, 1.0, []
-    scored = None
-    while calls < max_passes:
-        offs = _offsets(tb, draft)
-        if scored is None:
-            wanted = {n + k: seg.prefixes(data, *_spellable(seg, draft, offs, data, k))
-                      for k in range(start, len(draft)) if draft[k] not in seg.fixed}
-            scored = scorer([list(prompt) + draft], temperature, wanted)[0]
-            calls += 1
-        cut = None
-        for k in range(start, len(draft)):
-            if draft[k] in seg.fixed or n + k == 0:
-                continue
-            lo, hi = _spellable(seg, draft, offs, data, k)
-            options = {draft[k]: scored.logprobs[n + k]}
-            for tid, lp in scored.top[n + k]:
-                if tid not in options and tid not in seg.fixed and lo + len(tb[tid]) <= hi and data.startswith(tb[tid], lo):
-                    options[tid] = lp
-            if len(options) == 1:
-                continue
-            ranked = sorted(options.items(), key=lambda kv: -kv[1])
-            best, share = ranked[0][0], _share(options[draft[k]], options.values())
-            if best == draft[k] and share >= flag:
-                confidence *= share
-                continue
-            contenders = [tid for tid, lp in ranked if lp >= ranked[0][1] - margin]
-            if draft[k] not in contenders:
-                contenders.append(draft[k])
-            if lookahead and len(contenders) > 1:
-                drafts = [draft]
-                for tid in contenders:
-                    for d in _cuts(seg, draft, k, tid, rejoins) if tid != draft[k] else ():
-                        if d not in drafts:
-                            drafts.append(d)
-                # every contender rejoins the draft's cut by the end of the longest contender's refill
-                rejoin = max(_offsets(tb, d)[k + 1 + _refill_len(seg, draft, k, d)] for d in drafts)
-                j = _boundary_index(seg, draft, rejoin)
-                end_bytes = offs[min(j + window, len(draft))]
-                ends = [_boundary_index(seg, d, end_bytes) for d in drafts]
-                results = scorer([list(prompt) + d[:e] for d, e in zip(drafts, ends)], temperature)
-                calls += 1
-                totals = [sum(r.logprobs[n + k : n + e]) for r, e in zip(results, ends)]
-                top = max(range(len(drafts)), key=totals.__getitem__)
-                # a token's score: its best draft's (the choice reported is of the token at k)
-                per_token: dict[int, float] = {}
-                for d, total in zip(drafts, totals):
-                    per_token[d[k]] = max(per_token.get(d[k], -math.inf), total)
-                ranked = sorted(per_token.items(), key=lambda kv: -kv[1])
-                best = drafts[top][k]
-                share = _share(totals[top], per_token.values())
-            elif not lookahead:
-                share = _share(options[best], options.values())
-            confidence *= share
-            if share < CHOICE_SHARE or best != draft[k]:
-                choices.append(Choice(k, offs[k], ranked, best, share))
-            if best != draft[k]:
-                draft = drafts[top] if lookahead and len(contenders) > 1 else _cut(seg, draft, k, best)
-                cut, scored = k, None
-                break
-        if cut is None:
-            break
-        start = cut + 1
-    if b"".join(tb[i] for i in draft) != data:
-        raise AssertionError("recovery changed the bytes")  # a bug, never the input's fault
-    return draft, confidence, choices, calls
+                sampling: Sampling | None = None, lookahead: bool = True, **options) -> tuple[list[int], float, list[Choice], int]:
+    """The most likely ids whose text is ``canonical``'s after ``prompt`` under ``sampling``
+    (:func:`recon.recovery.search.search`). Returns (ids, confidence, choices, scorer calls).
+    ``lookahead=False`` keeps one prefix per state (cheaper, not exact)."""
+    if not lookahead:
+        options = {"delta": 0.0, "top": 1, **options}
+    found = search(prompt, canonical, seg, scorer, sampling or Sampling(), **options)
+    return found.ids, found.confidence, _choices(seg, found), found.passes
 
 
-def _refill_len(seg: Segmenter, old: Sequence[int], k: int, new: Sequence[int]) -> int:
-    """How many tokens after position ``k`` the cut ``new`` differs from ``old`` (its refill)."""
-    if new is old:
-        return 0
-    tail = 0
-    while tail < min(len(old), len(new)) - k - 1 and old[-1 - tail] == new[-1 - tail]:
-        tail += 1
-    return len(new) - k - 1 - tail
+def _choices(seg: Segmenter, found) -> list[Choice]:
+    """Where rivals part from the returned ids: per position, the best score of each token there."""
+    ids = found.ids
+    per: dict[int, dict[int, float]] = {}
+    for rival, rel in found.rivals:
+        k = next((j for j, (a, b) in enumerate(zip(rival, ids)) if a != b), None)
+        if k is None or rel < -30:
+            continue
+        tokens = per.setdefault(k, {ids[k]: 0.0})
+        tokens[rival[k]] = max(tokens.get(rival[k], -math.inf), rel)
+    out, offs = [], _offsets(seg.token_bytes, ids)
+    for k in sorted(per):
+        ranked = sorted(per[k].items(), key=lambda kv: -kv[1])
+        share = 1.0 / sum(math.exp(v) for _, v in ranked)
+        out.append(Choice(k, offs[k], ranked, ids[k], share))
+    return out
 
 
 def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, temperature: float | None = None,
@@ -309,9 +172,9 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
     """Recover each record's sampled ids from its text (its response, or the API view of its
     output_ids): the canonical encode, then the search above. ``temperature``: score at this
     temperature; None takes the record's ``meta["temperature"]`` where the scorer can apply it,
-    else 1. Records without ``prompt_ids`` get an error (the model needs the context); every
-    record gets a result, in order. Text holding U+FFFD lost bytes no cut can restore: its
-    confidence is 0."""
+    else 1; the sampler's truncation (``top_p``, ``top_k``, ``min_p`` in ``meta``) where the scorer
+    can apply it. Records without ``prompt_ids`` get an error (the model needs the context); every
+    record gets a result, in order."""
     from tqdm.auto import tqdm
 
     seg = Segmenter(bound.tok)
@@ -328,16 +191,19 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
         if base.error:
             yield base
             continue
-        temp = temperature
-        if temp is None:
-            meta_t = rec.meta.get("temperature") if isinstance(rec.meta, dict) else None
-            temp = float(meta_t) if scorer.tempered and isinstance(meta_t, (int, float)) and meta_t > 0 else 1.0
-        ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, temperature=temp, lookahead=lookahead)
-        if "\ufffd".encode() in bound.tok.ids_bytes(rc.ids):
-            conf = 0.0  # the text has a replacement character: bytes were lost, no cut can bring them back
+        sampling = sampling_of(rec, scorer, temperature)
+        ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead)
         base.ids, base.confidence, base.choices, base.passes = ids, conf, choices, passes
         base.exact = None if truth is None else ids == truth
         yield base
+
+
+def sampling_of(rec: Record, scorer: Scorer, temperature: float | None = None) -> Sampling:
+    """The distribution to score ``rec`` under: its meta's sampler where ``scorer`` can apply it."""
+    if not getattr(scorer, "tempered", False):
+        return Sampling(temperature) if temperature else Sampling()
+    full = Sampling.from_meta(rec.meta, temperature)
+    return full if getattr(scorer, "truncates", False) else Sampling(full.temperature)
 
 
 def summarize(results: Sequence[Recovery]) -> dict:

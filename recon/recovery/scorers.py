@@ -40,32 +40,49 @@ class Scorer(Protocol):
 class LocalScorer:
     """The local model (:class:`recon.recovery.model.LocalModel`) scoring in-process.
 
-    Recovery scores many sequences that share a long prefix with the last one scored alone (a
-    draft cut at position k, the windows after k). The model's key/value cache of that last
-    sequence is kept, so only the tokens after the shared prefix are run again."""
+    Recovery scores many sequences that share a long prefix with one scored alone before (a
+    draft cut at position k, the windows after k). The model's key/value caches of the last
+    ``keep_caches`` sequences scored alone are kept, and a call starts from the one sharing the
+    longest prefix, so only the tokens after it are run again.
+
+    ``sampling`` (a :class:`~recon.recovery.sampling.Sampling`, an optional keyword beyond the
+    :class:`Scorer` protocol, announced by ``truncates = True``) scores under the sampler's own
+    distribution: temperature and top-k/top-p/min-p truncation, ``-inf`` for a token it removed."""
 
     tempered = True
+    truncates = True
+    #: ``alternatives`` may be a list, one dict per sequence (beyond the protocol's single dict)
+    batches_alternatives = True
 
-    def __init__(self, model, top_k: int = 64, min_shared: int = 8):
-        self.model, self.top_k, self.min_shared = model, top_k, min_shared
-        self._last: tuple[list[int], float, SequenceLogprobs, object] | None = None
+    def __init__(self, model, top_k: int = 64, min_shared: int = 8, keep_caches: int = 6):
+        self.model, self.top_k, self.min_shared, self.keep_caches = model, top_k, min_shared, keep_caches
+        self._caches: list[tuple[list[int], object, SequenceLogprobs, object]] = []  # most recent last
 
-    def __call__(self, sequences, temperature=1.0, alternatives=None):
+    def __call__(self, sequences, temperature=1.0, alternatives=None, sampling=None):
+        from recon.recovery.sampling import Sampling
+
+        sampling = sampling or Sampling(temperature)
         seqs = [list(map(int, s)) for s in sequences]
-        shared = 0
-        if self._last is not None and self._last[1] == temperature and seqs:
-            last = self._last[0]
-            shared = min(_common_prefix(last, s) for s in seqs)
-            shared = min(shared, min(map(len, seqs)) - 1)
+        shared, base = 0, None
+        asked = [p for alt in (alternatives if isinstance(alternatives, list) else [alternatives or {}]) for p in alt]
+        for entry in self._caches if seqs else ():
+            if entry[1] != sampling:
+                continue
+            common = min(min(_common_prefix(entry[0], s) for s in seqs), min(map(len, seqs)) - 1,
+                         min(asked or [len(seqs[0])]))  # positions asked about are run again
+            if common >= shared:
+                shared, base = common, entry
         if shared < self.min_shared:
-            if len(seqs) != 1:
-                return self.model.token_logprobs(seqs, top_k=self.top_k, temperature=temperature)
-            shared = 0
-        return self._extend(seqs, shared, temperature, alternatives or {})
+            if len(seqs) != 1 and not sampling.truncates and not asked:
+                return self.model.token_logprobs(seqs, top_k=self.top_k, temperature=sampling.temperature)
+            shared, base = 0, None
+        if not isinstance(alternatives, list):
+            alternatives = [alternatives or {}] if len(seqs) == 1 else [{} for _ in seqs]
+        return self._extend(seqs, shared, base, sampling, alternatives)
 
-    def _extend(self, seqs: list[list[int]], shared: int, temperature: float,
-                alternatives: dict[int, list[int]]) -> list[SequenceLogprobs]:
-        """Score ``seqs`` (all starting with the last sequence's first ``shared`` tokens) from the cache."""
+    def _extend(self, seqs: list[list[int]], shared: int, base, sampling,
+                alternatives: list[dict[int, list[int]]]) -> list[SequenceLogprobs]:
+        """Score ``seqs`` (all starting with ``base``'s first ``shared`` tokens) from its cache."""
         import copy
 
         torch = self.model.torch
@@ -76,7 +93,7 @@ class LocalScorer:
         mask = torch.tensor([[1] * keep + [1] * (len(s) - keep) + [0] * (width - len(s) + keep) for s in seqs])
         cache = None
         if keep:
-            cache = copy.deepcopy(self._last[3])
+            cache = copy.deepcopy(base[3])
             if cache.get_seq_length() > keep:
                 cache.crop(keep - cache.get_seq_length())  # negative: tokens to drop (every transformers 5.x)
             if len(seqs) > 1:
@@ -87,37 +104,37 @@ class LocalScorer:
             cache = DynamicCache()
         with torch.inference_mode():
             out = model(input_ids=torch.tensor(rows), attention_mask=mask, use_cache=True, **{self._cache_arg: cache})
-            logits = out.logits.float()
-            if temperature != 1.0:
-                logits /= temperature
-            lse = torch.logsumexp(logits[:, :-1], dim=-1)
+            logp = sampling.log_probs(out.logits[:, :-1])
             target = torch.tensor(rows)[:, 1:].unsqueeze(-1)
-            picked = logits[:, :-1].gather(-1, target)
-            ranks = ((logits[:, :-1] > picked).sum(-1) + 1).tolist()
-            chosen = (picked.squeeze(-1) - lse).tolist()
-            values, indices = logits[:, :-1].topk(self.top_k, dim=-1)
-            values = (values - lse.unsqueeze(-1)).tolist()
+            picked = logp.gather(-1, target)
+            ranks = ((logp > picked).sum(-1) + 1).tolist()
+            chosen = picked.squeeze(-1).tolist()
+            values, indices = logp.topk(self.top_k, dim=-1)
+            values = values.tolist()
             indices = indices.tolist()
-            extra = {}
-            if len(seqs) == 1:  # sampled tokens are often far outside the top-k: ask for them by id
-                for pos, ids in alternatives.items():
+            extras = []
+            for r, alt in enumerate(alternatives):  # sampled tokens are often far outside the top-k: ask for them by id
+                extra = {}
+                for pos, ids in alt.items():
                     j = pos - keep - 1
-                    if 0 <= j < len(seqs[0]) - keep - 1 and ids:
-                        extra[j] = list(zip(ids, (logits[0, j, ids] - lse[0, j]).tolist()))
+                    if 0 <= j < len(seqs[r]) - keep - 1 and ids:
+                        extra[j] = list(zip(ids, logp[r, j, ids].tolist()))
+                extras.append(extra)
         results = []
         for r, s in enumerate(seqs):
             m = len(s) - keep - 1  # new positions keep+1 .. len(s)-1
             if keep:
-                old = self._last[2]
+                old = base[2]
                 lps, rks, tops = old.logprobs[: keep + 1], old.ranks[: keep + 1], old.top[: keep + 1]
             else:
                 lps, rks, tops = [None], [None], [[]]
             new_top = [list(zip(a, b)) for a, b in zip(indices[r][:m], values[r][:m])]
-            for j, pairs in extra.items():
+            for j, pairs in extras[r].items():
                 new_top[j] = new_top[j] + pairs
             results.append(SequenceLogprobs(lps + chosen[r][:m], rks + ranks[r][:m], tops + new_top))
         if len(seqs) == 1:
-            self._last = (seqs[0], temperature, results[0], cache)
+            self._caches = [e for e in self._caches if e[0] != seqs[0]][-(self.keep_caches - 1):] + [
+                (seqs[0], sampling, results[0], cache)]
         return results
 
     @property

@@ -1,0 +1,384 @@
+"""The search for the sampled segmentation: a beam over the states of the text, scored exactly.
+
+A candidate is any sequence of ids whose text, decoded as a server decodes it (special tokens
+apart, invalid UTF-8 as U+FFFD), is the text the API returned. Its score is its log-probability
+under the sampling distribution (:class:`~recon.recovery.sampling.Sampling`: temperature, and
+top-k/top-p/min-p where the record says; a token the sampler removed had probability 0), the sum
+of one exact conditional per token, each read from a teacher-forced pass over that very prefix.
+
+**States.** A prefix of ids has consumed the text up to a character boundary ``c`` (byte offset
+in the canonical bytes) with ``pend`` bytes held by the UTF-8 decoder (a token may end inside a
+character). Two prefixes in the same state spell the same text so far and differ only in how they
+cut it. Where the text holds U+FFFD the bytes are lost: there the candidates at a state are every
+token the decoder accepts (a sample cut inside an emoji ends in the lead bytes the model chose).
+
+**The beam.** States are taken in text order; every prefix in a state is extended by every token
+its bytes allow (read by id, however unlikely: a sampled token can rank in the thousands). A
+prefix is dropped when it is more than ``delta`` nats below the best score some other prefix is
+known to reach at the same state or at the next *anchor*: a byte offset no token can straddle, so
+that every candidate passes through it (the start of most words). A prefix's score can only fall
+as it grows, so a prefix that is ``delta`` below what another prefix already reaches at the anchor
+it must cross can only win if its different history makes the *rest* of the text more than
+``delta`` nats likelier — the one place the search is not exact (and ``top`` prefixes per state).
+Prefixes are scored speculatively: a pass runs a prefix plus the draft's continuation (the
+canonical ids, or the fewest tokens back to them), which gives the distribution after every prefix
+along it; only a prefix off every scored path costs a pass of its own.
+
+**Confidence** is the returned sequence's share of probability among every candidate: the
+complete ones found, and each dropped prefix counted as if it went on as well as the best does.
+"""
+
+from __future__ import annotations
+
+import codecs
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from recon.errors import ReconError
+from recon.recovery.sampling import Sampling
+from recon.tokenizers.tokenizer import Tokenizer
+
+FFFD = "\ufffd".encode()
+
+
+class Segmenter:
+    """Which ordinary tokens spell a given stretch of bytes (special tokens never stand in for text)."""
+
+    def __init__(self, tok: Tokenizer):
+        self.tok = tok
+        fixed = {t.id for t in tok.added_tokens}
+        self.token_bytes = tok.token_bytes
+        self.ordinary = {data: i for data, i in tok.bytes_to_id.items() if i not in fixed}
+        self.fixed = frozenset(fixed)
+        self.max_len = max(map(len, self.ordinary))
+        #: tokens holding a byte >= 0x80: what may spell bytes the text lost (U+FFFD)
+        self.wild = [i for data, i in self.ordinary.items() if any(b >= 0x80 for b in data)]
+        self.wild_radius = max((len(self.token_bytes[i]) for i in self.wild if not _valid(self.token_bytes[i])), default=4)
+
+    def prefixes(self, data: bytes, lo: int, hi: int) -> list[int]:
+        """Ordinary tokens whose bytes are a prefix of ``data[lo:hi]``."""
+        found = []
+        for length in range(1, min(self.max_len, hi - lo) + 1):
+            tid = self.ordinary.get(data[lo : lo + length])
+            if tid is not None:
+                found.append(tid)
+        return found
+
+    def fewest(self, data: bytes) -> list[int]:
+        """The segmentation of ``data`` into the fewest ordinary tokens (longest first on ties)."""
+        n = len(data)
+        best: list[tuple[int, int] | None] = [None] * (n + 1)  # (tokens, length of last) to reach i
+        best[0] = (0, 0)
+        for i in range(n):
+            if best[i] is None:
+                continue
+            for length in range(min(self.max_len, n - i), 0, -1):
+                if data[i : i + length] in self.ordinary:
+                    cand = (best[i][0] + 1, length)
+                    if best[i + length] is None or cand[0] < best[i + length][0]:
+                        best[i + length] = cand
+        if best[n] is None:
+            raise ReconError(f"no segmentation of {data!r} into ordinary tokens")
+        out, i = [], n
+        while i:
+            length = best[i][1]
+            out.append(self.ordinary[data[i - length : i]])
+            i -= length
+        return out[::-1]
+
+
+def _valid(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _decode(pend: bytes, data: bytes, final: bool = False) -> tuple[str, bytes]:
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    dec.setstate((pend, 0))
+    out = dec.decode(data, final)
+    return out, dec.getstate()[0]
+
+
+class Text:
+    """The target: the canonical ids' bytes, cut into text segments and fixed (special) tokens."""
+
+    def __init__(self, seg: Segmenter, canonical: Sequence[int]):
+        tb = seg.token_bytes
+        self.seg, self.data = seg, b"".join(tb[i] for i in canonical)
+        n = len(self.data)
+        self.fixed_at: dict[int, int] = {}  # byte offset -> the fixed token starting there
+        pos = 0
+        for i in canonical:
+            if i in seg.fixed:
+                self.fixed_at[pos] = i
+            pos += len(tb[i])
+        ends = sorted(self.fixed_at) + [n]
+        self.seg_end, j = [n] * (n + 1), 0  # byte offset -> end of its text segment (the next fixed token)
+        for p in range(n + 1):
+            while ends[j] < p:
+                j += 1
+            self.seg_end[p] = ends[j]
+        self.starts = [0] * (n + 1)  # byte offset -> start of the character holding it
+        for p in range(1, n + 1):
+            self.starts[p] = self.starts[p - 1] if p < n and (self.data[p] & 0xC0) == 0x80 else p
+        self.lost = [p for p in range(n - 2) if self.data[p : p + 3] == FFFD]
+        self.anchors = self._anchors(canonical)
+
+    def _anchors(self, canonical) -> list[int]:
+        """Byte offsets every candidate has a token boundary at: no ordinary token covers them."""
+        data, n, seg = self.data, len(self.data), self.seg
+        covered = bytearray(n + 1)
+        for s in range(n):
+            if s in self.fixed_at:
+                continue
+            hi = min(self.seg_end[s], s + seg.max_len)
+            for length in range(2, hi - s + 1):
+                if data[s : s + length] in seg.ordinary:
+                    covered[s + 1 : s + length] = b"\x01" * (length - 1)
+        for w in self.lost:
+            r = seg.wild_radius
+            covered[max(w - r, 0) : min(w + 3 + r, n)] = b"\x01" * (min(w + 3 + r, n) - max(w - r, 0))
+        return [p for p in range(n + 1) if not covered[p] and self.starts[p] == p]
+
+    def state(self, p: int) -> tuple[int, bytes]:
+        """The state at byte offset ``p`` of the canonical bytes."""
+        c = self.starts[p] if p < len(self.data) else p
+        return c, self.data[c:p]
+
+    def step(self, state: tuple[int, bytes], tid: int) -> tuple[int, bytes] | None:
+        """The state after token ``tid``, or None if the text does not allow it there."""
+        c, pend = state
+        seg, data = self.seg, self.data
+        fixed = self.fixed_at.get(c)
+        if fixed is not None and not pend:
+            return (c + len(seg.token_bytes[tid]), b"") if tid == fixed else None
+        if tid in seg.fixed:  # after held bytes flushed as U+FFFD at the end of the segment
+            fin = self.finished(state)
+            ok = fin is not None and self.fixed_at.get(fin[0]) == tid
+            return (fin[0] + len(seg.token_bytes[tid]), b"") if ok else None
+        tb = seg.token_bytes[tid]
+        end = self.seg_end[c]
+        if data.startswith(pend, c):  # a literal prefix of the text
+            p = c + len(pend)
+            if p + len(tb) <= end and data.startswith(tb, p):
+                return self.state(p + len(tb))
+            if not self.lost:
+                return None
+        out, rest = _decode(pend, tb)
+        emitted = out.encode()
+        if c + len(emitted) > end or not data.startswith(emitted, c):
+            return None
+        c2 = c + len(emitted)
+        if rest and not (data.startswith(rest, c2) or data.startswith(FFFD, c2)):
+            return None
+        return c2, rest
+
+    def finished(self, state: tuple[int, bytes]) -> tuple[int, bytes] | None:
+        """Where held bytes end the segment (flushed as U+FFFD, as the decoder does at the end)."""
+        c, pend = state
+        if not pend or data_flush(pend) != self.data[c : self.seg_end[c]]:
+            return None
+        return self.seg_end[c], b""
+
+    def candidates(self, state: tuple[int, bytes]) -> list[int]:
+        """Every token the text allows after ``state``."""
+        c, pend = state
+        seg, data = self.seg, self.data
+        fixed = self.fixed_at.get(c)
+        if fixed is not None and not pend:
+            return [fixed]
+        found: list[int] = []
+        if data.startswith(pend, c):
+            found = seg.prefixes(data, c + len(pend), self.seg_end[c])
+        elif data.startswith(FFFD, c):
+            found = seg.prefixes(data, c + 3, self.seg_end[c])
+        if any(c - seg.wild_radius - len(pend) <= w <= c + len(pend) + seg.wild_radius for w in self.lost):
+            have = set(found)
+            found += [t for t in seg.wild if t not in have]
+            found = [t for t in found if self.step(state, t) is not None]
+        fin = self.finished(state)
+        if fin is not None and fin[0] in self.fixed_at:
+            found.append(self.fixed_at[fin[0]])
+        return found
+
+    def next_anchor(self, c: int) -> int:
+        import bisect
+
+        return self.anchors[min(bisect.bisect_right(self.anchors, c), len(self.anchors) - 1)]
+
+
+def _common_suffix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def data_flush(pend: bytes) -> bytes:
+    return _decode(pend, b"", final=True)[0].encode()
+
+
+@dataclass
+class SearchResult:
+    ids: list[int]
+    score: float
+    confidence: float
+    #: other candidates and dropped prefixes: (ids, score relative to the returned sequence's)
+    rivals: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
+    passes: int = 0
+
+
+def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
+           delta: float = 2.0, top: int = 4, horizon: int = 16, settle: int = 12, max_passes: int = 600) -> SearchResult:
+    """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``."""
+    text = Text(seg, canonical)
+    n, pad = len(prompt), canonical[-1] if canonical else 0
+    end_state = (len(text.data), b"")
+    dists: dict[tuple[int, ...], dict[int, float]] = {}
+    ref: dict[tuple[int, bytes], float] = {}
+    draft_at = {}  # byte offset of a canonical boundary -> index in canonical
+    pos = 0
+    for k, i in enumerate(canonical):
+        draft_at[pos] = k
+        pos += len(seg.token_bytes[i])
+    draft_at[pos] = len(canonical)
+    passes = 0
+    kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
+
+    def run(items) -> None:
+        """One pass (batched where the scorer can) over each (ids, state, score, continuation)."""
+        nonlocal passes
+        jobs = []
+        for ids, state, score, cont in items:
+            states, st = [state], state
+            for t in cont:
+                st = text.step(st, t)
+                if st is None:
+                    cont = cont[: len(states) - 1]
+                    break
+                states.append(st)
+            wanted = {n + len(ids) + j: text.candidates(x) for j, x in enumerate(states)}
+            jobs.append((ids, score, cont, states, wanted, list(prompt) + list(ids) + cont + [pad]))
+        batch = 8 if getattr(scorer, "batches_alternatives", False) else 1
+        for g in range(0, len(jobs), batch):
+            group = jobs[g : g + batch]
+            alts = [j[4] for j in group] if batch > 1 else group[0][4]
+            results = scorer([j[5] for j in group], sampling.temperature, alts, **kwargs)
+            passes += 1
+            for (ids, score, cont, states, wanted, _), scored in zip(group, results):
+                prefix = ids
+                for j, st in enumerate(states):
+                    allowed = set(wanted[n + len(ids) + j])
+                    lps = {t: lp for t, lp in scored.top[n + len(prefix)] if t in allowed}
+                    dists[prefix] = lps
+                    if j < len(cont):
+                        score += lps.get(cont[j], -math.inf)
+                        prefix = prefix + (cont[j],)
+                        if score > ref.get(states[j + 1], -math.inf):
+                            ref[states[j + 1]] = score
+
+    def bound(state) -> float:
+        """The best score known to be reached at ``state`` or at the next point all must pass."""
+        c, pend = state
+        anchor = text.next_anchor(c + len(pend) if text.data.startswith(pend, c) else c)
+        return max(ref.get(state, -math.inf), ref.get((anchor, b""), -math.inf))
+
+    def continuation(state) -> list[int]:
+        c, pend = state
+        p = c + len(pend)
+        if not text.data.startswith(pend, c):
+            return []
+        k = next((draft_at[b] for b in range(p, len(text.data) + 1) if b in draft_at), None)
+        if k is None:
+            return []
+        b = next(b for b in range(p, len(text.data) + 1) if b in draft_at)
+        try:
+            refill = seg.fewest(text.data[p:b]) if b > p else []
+        except ReconError:
+            return []
+        out = refill + list(canonical[k:])
+        if (c, pend) in draft_states:
+            return out[:horizon]
+        # off the draft: as far as two anchors past where it rejoins
+        anchors, q, j = 0, b, 0
+        for j, t in enumerate(out[len(refill):], len(refill)):
+            q += len(seg.token_bytes[t])
+            anchors += (q, b"") in anchor_states
+            if anchors >= 2:
+                break
+        return out[: j + 1]
+
+    start = (0, b"")
+    anchor_states = {(a, b"") for a in text.anchors}
+    draft_states = {(p, b"") for p in draft_at}
+    run([((), start, 0.0, list(canonical))])
+    beams: dict[tuple[int, bytes], list[tuple[float, tuple[int, ...]]]] = {start: [(0.0, ())]}
+    order = [(0, 0, b"")]
+    rivals: list[tuple[tuple[int, ...], float]] = []  # dropped: (ids, score - the score that beat it)
+    done: list[tuple[float, tuple[int, ...]]] = []
+    while order:
+        c, _, pend = heapq.heappop(order)
+        state = (c, pend)
+        hyps = beams.pop(state, [])
+        if not hyps:
+            continue
+        if state == end_state:
+            done = hyps
+            break
+        best = max(max(s for s, _ in hyps), bound(state))
+        hyps.sort(key=lambda h: -h[0])
+        kept = []
+        for s, ids in hyps:
+            if s < best - delta or len(kept) >= top or (kept and _common_suffix(ids, kept[0][1]) >= settle):
+                rivals.append((ids, s - best))  # worse, or the same as a better one for ``settle`` tokens now
+            else:
+                kept.append((s, ids))
+        todo = [(ids, state, s, continuation(state)) for s, ids in kept if ids not in dists]
+        if todo and passes < max_passes:
+            run(todo)
+        children = []
+        for s, ids in kept:
+            if ids not in dists:
+                rivals.append((ids, s - best))  # out of passes
+                continue
+            flushed = text.finished(state)
+            targets = [(t, text.step(state, t)) for t in dists[ids]]
+            if flushed == end_state:
+                targets.append((None, flushed))
+            for t, nxt in targets:
+                if nxt is None:
+                    continue
+                child = (s + dists[ids][t], ids + (t,)) if t is not None else (s, ids)
+                if child[0] == -math.inf:
+                    continue
+                children.append((nxt, child))
+        # score the children off every known path together, before they are met again (one batch)
+        fresh = [(ids, nxt, sc, continuation(nxt)) for nxt, (sc, ids) in children
+                 if ids not in dists and nxt != end_state and sc >= bound(nxt) - delta]
+        if fresh and passes < max_passes:
+            run(fresh)
+        for nxt, child in children:
+            if nxt not in beams:
+                beams[nxt] = []
+                heapq.heappush(order, (nxt[0], len(nxt[1]), nxt[1]))
+            beams[nxt].append(child)
+    if not done:
+        raise ReconError("no candidate spells the text (a bug, or every cut was truncated away)")
+    done.sort(key=lambda h: -h[0])
+    score, ids = done[0]
+    rivals = [(i, s - score) for s, i in done[1:]] + rivals
+    mass = sum(math.exp(r) for _, r in rivals if r > -50)
+    return SearchResult(list(ids), score, 1.0 / (1.0 + mass), rivals, passes)
+
+
+def score_ids(prompt: Sequence[int], ids: Sequence[int], scorer, sampling: Sampling) -> float:
+    """log P(ids | prompt) under ``sampling``: what the search maximizes, for judging its answer
+    against the sampled ids (a search error: the sampled ids score higher than the answer)."""
+    kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
+    scored = scorer([list(prompt) + list(ids)], sampling.temperature, None, **kwargs)[0]
+    return float(sum(scored.logprobs[len(prompt):]))
