@@ -293,3 +293,15 @@ def test_batch_decode_joins_ascii_tokens_exactly_as_the_native_decode(name, toke
     batch += [[i for i in (rng.randrange(tok.vocab_size) for _ in range(12)) if i not in tok.gap_ids] for _ in range(300)]
     assert tok.decode_batch(batch) == tok._decode_batch(batch)
     assert sum(ascii_ids.issuperset(ids) for ids in batch) >= 2_000  # the joined path was taken
+
+
+def test_piece_by_id_is_the_table_without_building_it():
+    """`Tokenizer.piece` (what audit rows name) equals `pieces[id]` for every tokenizer, ids no
+    token holds included, and is answered before the table exists."""
+    for name in ("smollm2", "qwen3.6", "cl100k", "deepseek-v4"):
+        tok = load_tokenizer(name)
+        ids = list(range(0, tok.vocab_size, 613)) + [tok.vocab_size - 1] + [t.id for t in tok.added_tokens][:40]
+        got = [tok.piece(i) for i in ids]
+        assert "pieces" not in tok.__dict__, name
+        assert got == [tok.pieces[i] for i in ids], name
+        assert tok.piece(tok.vocab_size + 3) == f"<{tok.vocab_size + 3}>" and tok.piece(-1) == "<-1>"

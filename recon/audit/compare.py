@@ -41,7 +41,7 @@ def mode_of(record: Record, mode: str = "auto") -> str:
 
 
 def _pieces(tok, ids: Sequence[int]) -> list[str]:
-    return list(map(tok.pieces.__getitem__, ids))
+    return list(map(tok.piece, ids))
 
 
 def _context(tok, ids: Sequence[int], at: int) -> str:
@@ -100,8 +100,8 @@ def compare(bound: BoundProfile, record: Record, mode: str, view: Response | Non
         record, mode, rec.method, "mismatch", cause=first.cause, causes=[d.cause for d in found], region=first.region,
         first_diff=k, rel_pos=k / len(truth) if truth else None,
         truth_id=t_at, recon_id=r_at,
-        truth_piece=tok.pieces[t_at] if t_at is not None else "(end)",
-        recon_piece=tok.pieces[r_at] if r_at is not None else "(end)",
+        truth_piece=tok.piece(t_at) if t_at is not None else "(end)",
+        recon_piece=tok.piece(r_at) if r_at is not None else "(end)",
         truth_window=list(truth[max(0, k - WINDOW) : k + WINDOW]),
         recon_window=list(rec.ids[max(0, first.j1 - WINDOW) : first.j1 + WINDOW]),
         truth_pieces=_pieces(tok, truth[max(0, k - WINDOW) : k + WINDOW]),

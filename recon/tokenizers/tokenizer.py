@@ -215,6 +215,26 @@ class Tokenizer(ABC):
                 table.append(b"")
         return table
 
+    def piece(self, token_id: int) -> str:
+        """``pieces[token_id]``, without building the whole table (an audit names a few pieces
+        per mismatch; the table costs a pass over the vocabulary in every worker)."""
+        table = self.__dict__.get("pieces")
+        if table is not None and 0 <= token_id < len(table):
+            return table[token_id]
+        found = self._piece_cache.get(token_id)
+        if found is None:
+            try:
+                found = self.id_to_piece(token_id) if 0 <= token_id < self.vocab_size else None
+            except (KeyError, IndexError, ValueError, OverflowError):
+                found = None
+            found = found or f"<{token_id}>"
+            self._piece_cache[token_id] = found
+        return found
+
+    @cached_property
+    def _piece_cache(self) -> dict[int, str]:
+        return {}
+
     @cached_property
     def pieces(self) -> list[str]:
         """``pieces[id]``: :meth:`id_to_piece` as a table (``"<id>"`` for an id no token holds)."""

@@ -80,7 +80,8 @@ class CanonicalCheck:
         #: pre-token start with after whitespace
         spaces = sorted({int(classes[ord(c)]) for c in ALPHABET if regex.match(r"\s", c)})
         self._ends_space = np.isin(last, spaces)
-        self._space_word = (first == classes[ord(" ")]) & np.isin(second, sorted(rules.space_then))
+        space_first = rules.space_first if rules.space_first is not None else {int(classes[ord(" ")])}
+        self._space_word = np.isin(first, sorted(space_first)) & np.isin(second, sorted(rules.space_then))
         self._added = np.zeros(vocab_size, dtype=bool)
         self._added[list(added_ids)] = True
         self._glues = self._glue_characters(rules, classes)
@@ -211,8 +212,10 @@ class CanonicalCheck:
             text = texts[k]
             if not is_known:
                 ok.append(False)
-            elif decoded is not None and decoded[k] is not None and (is_ascii or decoded[k] != text):
-                ok.append(decoded[k] == text)  # (a decode that differs: the bytes differ too)
+            elif decoded is not None and decoded[k] is not None and (is_ascii or decoded[k] != text or "\ufffd" not in text):
+                # a decode replaces invalid UTF-8 with U+FFFD: equal to a text without one, the
+                # bytes were valid and are the text's; unequal, the bytes differ too
+                ok.append(decoded[k] == text)
             elif is_ascii:
                 ok.append(join(map(get, guesses[k])) == text)
             else:
@@ -254,20 +257,31 @@ class CanonicalCheck:
         tuples = _slices(flat, first[long], size[long])
         runs, longs = self._runs, self._long
         new_lone = np.unique(lone_ids[self._single[lone_ids] < 0]).tolist()
-        missing = np.unique(packed_keys[~np.fromiter(map(runs.__contains__, keys), bool, len(keys))])
+        packed_hit = np.fromiter(map(runs.__contains__, keys), bool, len(keys))
+        missing = np.unique(packed_keys[~packed_hit])
         new_packed = dict(zip(missing.tolist(), self._unpacked(missing)))
-        new_long = [t for t in dict.fromkeys(tuples) if t not in longs]
+        long_hit = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
+        new_long = list(dict.fromkeys(compress(tuples, (~long_hit).tolist())))
         stretches = [[i] for i in new_lone] + list(new_packed.values()) + \
             [memoryview(t).cast("i").tolist() for t in new_long]
+        learned_packed: list[int] = []
+        learned_long: set[bytes] = set()
         if stretches:
             ok = iter(self._learn(stretches))
             for i in new_lone:
                 self._single[i] = next(ok)
-            runs.update(key for key in new_packed if next(ok))
-            longs.update(t for t in new_long if next(ok))
+            learned_packed = [key for key in new_packed if next(ok)]
+            learned_long = {t for t in new_long if next(ok)}
+            runs.update(learned_packed)
+            longs.update(learned_long)
         good[lone] = self._single[lone_ids] == 1
-        good[packed] = np.fromiter(map(runs.__contains__, keys), bool, len(keys))
-        good[long] = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
+        if len(missing):  # the stretches missed: good where just learned to be
+            packed_hit[~packed_hit] = np.isin(packed_keys[~packed_hit], np.array(learned_packed, dtype=np.uint64))
+        good[packed] = packed_hit
+        if learned_long:
+            long_hit[~long_hit] = np.fromiter(map(learned_long.__contains__, compress(tuples, (~long_hit).tolist())),
+                                              bool, int((~long_hit).sum()))
+        good[long] = long_hit
         return good, keys, tuples
 
     def _learn(self, stretches: list[list[int]]) -> list[bool]:

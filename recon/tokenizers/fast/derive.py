@@ -205,16 +205,19 @@ def _covered(alternative: Node, items: list[Node]) -> frozenset[str]:
     return items[j].single[0].members - taken
 
 
-def _top(pattern: str, alphabet: str) -> tuple[list[Node], list[list[Node]]]:
-    """The pattern's alternatives, each with its parts (for the coverage check)."""
+def _top(pattern: str, alphabet: str, sources: list[str] | None = None) -> tuple[list[Node], list[list[Node]]]:
+    """The pattern's alternatives, each with its parts (for the coverage check); each one's
+    source text appended to ``sources`` where given."""
     parser = _Parser(pattern, alphabet)
     alternatives, parts = [], []
     while True:
-        items = []
+        items, start = [], parser.k
         while parser.k < len(pattern) and pattern[parser.k] not in "|)":
             items.append(parser.quantified(parser.item(False)))
         alternatives.append(cat(items))
         parts.append(items)
+        if sources is not None:
+            sources.append(pattern[start : parser.k])
         if parser.k >= len(pattern):
             return alternatives, parts
         if pattern[parser.k] == ")":
@@ -251,6 +254,65 @@ def is_cut(tests: list[Pos], y: str) -> bool:
     return all(q.kind != "end" and y not in q.members for q in tests)
 
 
+#: Every character ``regex``'s ``\s`` matches (U+3000 is the last of them).
+WHITESPACE = "".join(c for c in map(chr, range(0x3001)) if regex.match(r"\s", c))
+NEWLINES = frozenset("\r\n")
+#: Whitespace tails the cuts after whitespace are argued for (see :func:`whitespace_cuts`):
+#: Qwen's and Kimi's (o200k's) ``\s*[\r\n]+|\s+(?!\S)|\s+``, and cl100k's, whose ``\s++$``
+#: matches a run at the end of a text whole, so only a line end cuts there.
+TAILS = {r"\s*[\r\n]+|\s+(?!\S)|\s+": "gives back its space", r"\s++$|\s*[\r\n]|\s+(?!\S)|\s": "line ends"}
+
+
+def whitespace_cuts(pattern: str) -> str | None:
+    r"""Which cuts after whitespace hold for ``pattern``: "gives back its space", "line ends" or
+    None (none are made). Both kinds:
+
+    * *line ends*: x is ``\r`` or ``\n`` and y is not whitespace;
+    * *gives back its space* (the first tail only): x is whitespace and y a token that starts with
+      whitespace other than ``\r\n`` then a character that is not whitespace (``   `` + `` content``).
+
+    The argument. Let A be the run of whitespace that ends at x. Which alternative matches where
+    inside A is decided by what A holds and what follows it, so compare A followed by the end of
+    the text with A followed by y. The pattern ends with one of :data:`TAILS`, and every other
+    alternative is *checked* here to touch whitespace only in two ways: a first atom that may take
+    a whitespace character other than ``\r\n``, cannot end the match and is followed only by atoms
+    that take no whitespace (``[^\r\n\p{L}\p{N}]?\p{L}+``, `` ?[^\s\p{L}\p{N}]+``: a prefix of the
+    word after the run); or, later in a match, atoms that take only ``\r\n``, end the match, and are
+    followed only by such atoms (``[\r\n]*`` after punctuation: a prefix of A of line ends). So a
+    match from before A takes the same line ends of A either way; no other alternative than the
+    tail's starts inside A, whose characters are all followed by whitespace or the end (a prefix
+    needs a character that is not whitespace after it). In the tail, with a line end in what is
+    left of A, ``\s*[\r\n]+`` or ``\s*[\r\n]`` (or, at the end of the text, ``\s++$``) takes it up to
+    its last line end, and with y not whitespace that is the whole rest of A either way. With the
+    first tail and no line end left, ``\s+(?!\S)`` takes the rest of A: at the end of the text as
+    a whole, before y's whitespace and the character after it by giving back exactly y's part.
+    Then y starts a fresh match, which looks behind at nothing. Atoms are evaluated over ASCII
+    and every Unicode whitespace character, so A may hold any of them."""
+    sources: list[str] = []
+    try:
+        alternatives, _ = _top(pattern, ALPHABET + WHITESPACE[WHITESPACE.index("\x85"):], sources)
+    except (Refused, regex.error, ValueError, IndexError):
+        return None
+    kind = next((kind for tail, kind in TAILS.items() if "|".join(sources[-tail.count("|") - 1 :]) == tail), None)
+    if kind is None:
+        return None
+    space = frozenset(WHITESPACE)
+    for alternative in alternatives[: len(alternatives) - next(t for t in TAILS if TAILS[t] == kind).count("|") - 1]:
+        for pos in alternative.positions:
+            if pos.kind != "atom" or not pos.members & space:
+                continue
+            if pos in alternative.first:
+                sound = not pos.members & NEWLINES and pos not in alternative.last and \
+                    all(q.kind == "atom" and not q.members & space for q in pos.follow)
+            else:
+                sound = pos.members & space <= NEWLINES and pos in alternative.last and \
+                    all(q.kind == "atom" and q.members & space <= NEWLINES and not q.members - NEWLINES
+                        for q in pos.follow)
+            if not sound:
+                return None
+    return kind
+
+
 @lru_cache(maxsize=8)
 def derived_boundaries(pattern: str) -> Boundaries | None:
     """The :class:`Boundaries` of a tiktoken-style pattern over ASCII, one class per character
@@ -265,4 +327,13 @@ def derived_boundaries(pattern: str) -> Boundaries | None:
     for x in ALPHABET:
         for y in ALPHABET:
             pairs[ord(x) + 1][ord(y) + 1] = is_cut(tests[x], y)
-    return Boundaries(pairs, classes=tuple(range(1, size)))
+    kind = whitespace_cuts(pattern)
+    solid = [ord(c) + 1 for c in ALPHABET if c not in WHITESPACE]  # classes of non-whitespace
+    if kind is not None:
+        for x in NEWLINES:
+            for y in solid:
+                pairs[ord(x) + 1][y] = True
+    if kind != "gives back its space":
+        return Boundaries(pairs, classes=tuple(range(1, size)))
+    horizontal = frozenset(ord(c) + 1 for c in ALPHABET if c in WHITESPACE and c not in NEWLINES)
+    return Boundaries(pairs, classes=tuple(range(1, size)), space_first=horizontal, space_then=frozenset(solid))

@@ -277,8 +277,10 @@ class Boundaries:
 
     #: ``pairs[x][y]``: between a character of class x and one of class y (:data:`CLASSES`)
     pairs: list[list[bool]]
-    #: after whitespace, before a space followed by a character of one of these classes
+    #: after whitespace, before a token that starts with a character of a ``space_first`` class
+    #: (None: the space's) followed by one of a ``space_then`` class
     space_then: frozenset[int] = frozenset()
+    space_first: frozenset[int] | None = None
     #: a character with a cut on both sides whatever surrounds it, or None
     glue: str | None = None
     #: the class of each ASCII character, where the table is not over :func:`ascii_classes`'
