@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 
 import recon
 from recon.tokenizers.families import FAMILIES
-from recon.tokenizers.fast.derive import boundary_tests, derived_boundaries, is_cut, whitespace_cuts
+from recon.tokenizers.fast.derive import (
+    boundary_tests,
+    derived_boundaries,
+    is_cut,
+    whitespace_cuts,
+)
 from recon.tokenizers.fast.pretokenize import ALPHABET, _compile
 from recon.tokenizers.native import MAX_RUN_CHARS
 

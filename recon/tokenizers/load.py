@@ -17,10 +17,7 @@ special tokens placed at exactly the ids ``added_tokens_decoder`` declares.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import re
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +36,7 @@ from recon.tokenizers.native import (
     native_failure,
     native_panics_quiet,
 )
+from recon.tokenizers.ranks import read_ranks  # noqa: F401  (its old home)
 from recon.tokenizers.tokenizer import AddedToken, Tokenizer
 
 RANKS_NAMES = ("tiktoken.model",)
@@ -242,57 +240,7 @@ def _probe(core, path: Path) -> None:
         raise TokenizerLoadError(f"{path}: tokenizers fails on this file when encoding ({type(e).__name__}: {one_line(e)})") from None
 
 
-# -- tiktoken ranks -----------------------------------------------------------------------------
-#: A whole ranks file of well-formed lines (what :func:`read_ranks` checks in one pass first).
-_RANKS_FILE = re.compile(rb"(?:[A-Za-z0-9+/]+={0,2} [0-9]{1,10}\r?\n)*(?:[A-Za-z0-9+/]+={0,2} [0-9]{1,10}\r?\n?)?")
-
-
-def read_ranks(path: Path, limit: int | None = None) -> dict[bytes, int]:
-    """A tiktoken ranks file (``BASE64 RANK`` per line) as {token bytes: rank}, checked line by line.
-
-    A file whose every line is well-formed (one regex pass over it) is read in bulk, its
-    duplicates counted after; any other is read line by line, which names the first bad line."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise TokenizerLoadError(f"{path}: cannot read ({e.strerror})") from None
-    if limit is None and data and _RANKS_FILE.fullmatch(data):
-        parts = data.split()  # token, rank, token, rank... (each line is exactly one of each)
-        try:
-            ranks = dict(zip(map(binascii.a2b_base64, parts[0::2]), map(int, parts[1::2])))
-        except (ValueError, binascii.Error):  # (a padding error, say): the slow path says where
-            ranks = {}
-        lines = len(parts) // 2
-        if ranks and len(ranks) == lines and len(set(ranks.values())) == lines and b"" not in ranks:
-            return ranks
-    return _read_ranks_by_line(path, data.splitlines(), limit)
-
-
-def _read_ranks_by_line(path: Path, lines: list[bytes], limit: int | None) -> dict[bytes, int]:
-    ranks: dict[bytes, int] = {}
-    seen_ranks: set[int] = set()
-    for lineno, line in enumerate(lines, 1):
-        if limit is not None and len(ranks) >= limit:
-            break
-        if not line.strip():
-            continue
-        parts = line.split()
-        try:
-            if len(parts) != 2 or not parts[1].isdigit() or len(parts[1]) > 10:
-                raise ValueError
-            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
-        except (ValueError, binascii.Error):
-            shown = line[:60].decode("utf-8", "replace")
-            raise TokenizerLoadError(f"{path}, line {lineno}: expected 'BASE64 RANK', got {shown!r}") from None
-        if not token:
-            raise TokenizerLoadError(f"{path}, line {lineno}: empty token (rank {rank})")
-        if token in ranks or rank in seen_ranks:
-            raise TokenizerLoadError(f"{path}, line {lineno}: duplicate rank or token (rank {rank})")
-        ranks[token] = rank
-        seen_ranks.add(rank)
-    if not ranks:
-        raise TokenizerLoadError(f"{path}: no ranks in this file")
-    return ranks
+# -- tiktoken ranks: recon.tokenizers.ranks ------------------------------------------------------
 
 
 def load_tiktoken_dir(ranks_path: Path, config: dict, family: TiktokenFamily | None) -> TiktokenTokenizer:

@@ -28,7 +28,6 @@ from itertools import chain, compress
 from typing import Callable, Sequence
 
 import numpy as np
-
 import regex
 
 from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
