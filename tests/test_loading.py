@@ -305,3 +305,24 @@ def test_piece_by_id_is_the_table_without_building_it():
         assert "pieces" not in tok.__dict__, name
         assert got == [tok.pieces[i] for i in ids], name
         assert tok.piece(tok.vocab_size + 3) == f"<{tok.vocab_size + 3}>" and tok.piece(-1) == "<-1>"
+
+
+def test_tiktoken_batch_decode_is_the_cores(tokenizers, kimi):
+    """decode_batch joins token bytes itself for tiktoken tokenizers: equal to the core's own
+    decode on random ids (cut UTF-8, specials, reserved ids) and the core's error on an unknown id."""
+    rng = random.Random(3)
+    for tok in (tokenizers["qwen3.6"], tokenizers["cl100k"], kimi):
+        specials = [t.id for t in tok.added_tokens]
+        batch = [[rng.randrange(tok.vocab_size) if rng.random() < 0.9 else rng.choice(specials)
+                  for _ in range(rng.randrange(0, 40))] for _ in range(300)]
+        batch += [[], [tok.bytes_to_id[b"\xe4"]], [tok.bytes_to_id[b"\xe4"], tok.bytes_to_id[b"a"]]]
+        decodable = []
+        for ids in batch:
+            try:
+                decodable.append((ids, tok.core.decode(ids, errors="replace")))
+            except KeyError:  # an id no token holds (cl100k's gaps before its specials)
+                with pytest.raises(KeyError):
+                    tok.decode_batch([ids])
+        assert tok.decode_batch([ids for ids, _ in decodable]) == [text for _, text in decodable]
+        with pytest.raises(KeyError):
+            tok.decode_batch([[1, tok.vocab_size + 10]])

@@ -363,7 +363,23 @@ class TiktokenTokenizer(Tokenizer):
     _joins_bytes = True  # tiktoken decodes the tokens' bytes joined, invalid UTF-8 replaced
 
     def _decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
-        return self._core.decode_batch([ids if type(ids) is list else list(ids) for ids in batch], errors="replace")
+        """tiktoken's decode is its tokens' bytes joined, invalid UTF-8 replaced: joined here from
+        :attr:`token_bytes` (the core's batch decode starts a thread pool per call). A sequence
+        with an id no token holds goes to the core, which says so as it always has."""
+        table, join, gaps = self.token_bytes, b"".join, self._gaps
+        out: list[str | None] = []
+        for ids in batch:
+            try:  # (a negative id would index from the end: refused first)
+                ok = min(ids, default=0) >= 0 and (not gaps or gaps.isdisjoint(ids))
+                out.append(join(map(table.__getitem__, ids)).decode("utf-8", "replace") if ok else None)
+            except (IndexError, TypeError):
+                out.append(None)
+        slow = [k for k, text in enumerate(out) if text is None]
+        if slow:
+            native = self._core.decode_batch([list(batch[k]) for k in slow], errors="replace")
+            for k, text in zip(slow, native):
+                out[k] = text
+        return out  # type: ignore[return-value]
 
     @property
     def vocab_size(self) -> int:
@@ -371,6 +387,16 @@ class TiktokenTokenizer(Tokenizer):
 
     def id_to_bytes(self, token_id: int) -> bytes:
         return self._core.decode_single_token_bytes(token_id)
+
+    def prepare(self) -> "TiktokenTokenizer":
+        super().prepare()
+        self._gaps
+        return self
+
+    @cached_property
+    def _gaps(self) -> frozenset[int]:
+        """Ids below the vocabulary size that no token holds."""
+        return frozenset(i for i, data in enumerate(self.token_bytes) if not data)
 
     @cached_property
     def token_bytes(self) -> list[bytes]:
