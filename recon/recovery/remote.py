@@ -10,7 +10,9 @@
 
 Both keep ``concurrency`` requests in flight (a thread each; sequences come back in order), retry
 a connection failure, a 429 or a 5xx with exponential backoff, and refuse any other answer in one
-line naming the URL. Servers score at temperature 1, so ``tempered`` is False.
+line naming the URL. Servers score prompts at temperature 1 (vLLM from the raw logits, SGLang with
+``temp_scaled_logprobs`` off, whatever the request's temperature), so ``tempered`` is False and a
+call at another temperature is refused in one line rather than answered at 1.
 """
 
 from __future__ import annotations
@@ -67,6 +69,14 @@ class _Remote:
     def _post(self, body: dict) -> Any:
         return post_json(self.url, body, timeout=self.timeout, api_key=self.api_key, retries=self.retries)
 
+    def _untempered(self, temperature: float) -> None:
+        """vLLM scores prompts from the raw logits and SGLang with ``temp_scaled_logprobs`` off: a
+        server's prompt logprobs are at temperature 1 whatever the request says, so scores at any
+        other temperature cannot be had from it (the top-k alone does not renormalize)."""
+        if temperature != 1.0:
+            raise ReconError(f"{self.url}: a server's prompt logprobs are at temperature 1, not {temperature:g}; "
+                             "score at another temperature with --scorer local")
+
 
 class ServerScorer(_Remote):
     """vLLM's ``prompt_logprobs`` (see the module docstring)."""
@@ -87,6 +97,7 @@ class ServerScorer(_Remote):
 
     def __call__(self, sequences, temperature=1.0, alternatives=None):
         # the top-k only: alternatives outside it are not seen
+        self._untempered(temperature)
         return self._all(lambda _, ids: parse_prompt_logprobs(self._post(self.request_body(ids)), ids, source=self.url),
                          sequences)
 
@@ -130,6 +141,7 @@ class SGLangScorer(_Remote):
         return body
 
     def __call__(self, sequences, temperature=1.0, alternatives=None):
+        self._untempered(temperature)
         asked = (alternatives or {}) if len(sequences) == 1 else {}  # as the local scorer: one sequence
 
         def one(_, ids):

@@ -32,13 +32,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from recon.recovery.model import LocalModel
-from recon.server import responses
+from recon.server import prompt_logprobs, responses
 from recon.server.limits import Deadlines, Gate, Limits, Scope
 from recon.server.schemas import (
     ApiError,
     parse_body,
     parse_chat_request,
     parse_completion_request,
+    parse_generate_request,
     to_json,
 )
 
@@ -248,7 +249,14 @@ def create_app(model: LocalModel, limits: Limits | None = None, *, api_key: str 
         async with gate.enter():
             return Json(await anyio.to_thread.run_sync(responses.run_completion, model, req, lock))
 
+    async def generate(request: Request) -> Json:  # SGLang's native route (no /v1)
+        body = await read_json(request, limits)
+        req = parse_generate_request(body, vocab_size=model.tokenizer.vocab_size, max_tokens=limits.max_tokens)
+        async with gate.enter():
+            return Json(await anyio.to_thread.run_sync(prompt_logprobs.run_generate, model, req, lock))
+
     api.add_api_route("/health", health, methods=["GET"])
+    api.add_api_route("/generate", generate, methods=["POST"])
     for prefix in ("/v1", ""):
         api.add_api_route(prefix + "/models", models, methods=["GET"])
         api.add_api_route(prefix + "/models/{model_id:path}", model_card, methods=["GET"])

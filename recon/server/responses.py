@@ -39,7 +39,8 @@ def check_context(prompt_len: int, max_tokens: int, context: int | None, param: 
 
 
 def _lp(value: float) -> float:
-    return round(value, 4) if math.isfinite(value) else -9999.0
+    """A logprob as vLLM writes it: the float as computed, -9999.0 for -inf (``clamp_prompt_logprobs``)."""
+    return float(value) if math.isfinite(value) else -9999.0
 
 
 def _token_text(tok, tid: int, as_ids: bool) -> tuple[str, list[int] | None]:
@@ -148,13 +149,15 @@ def _legacy_logprobs(tok, ids: list[int], lps: list[float | None], tops: list[li
 
 def _prompt_logprobs(tok, ids: list[int], scores, k: int) -> list[dict | None]:
     """vLLM's ``prompt_logprobs``: None for position 0, then {id: {logprob, rank, decoded_token}}
-    holding the prompt's own token and the k most likely ones."""
+    holding the prompt's own token (first, with its rank) and the k most likely ones (ranks 1..k),
+    as ``_make_logprob_dict`` in vllm/v1/engine/logprobs.py builds it; at temperature 1 whatever
+    the request's temperature (vLLM scores prompts from the raw logits)."""
     out: list[dict | None] = [None]
     for i in range(1, len(ids)):
-        entry = {str(t): {"logprob": _lp(v), "rank": r + 1, "decoded_token": _token_text(tok, t, False)[0]}
-                 for r, (t, v) in enumerate(scores.top[i][:k])}
-        entry[str(ids[i])] = {"logprob": _lp(scores.logprobs[i]), "rank": scores.ranks[i],
-                              "decoded_token": _token_text(tok, ids[i], False)[0]}
+        entry = {str(ids[i]): {"logprob": _lp(scores.logprobs[i]), "rank": scores.ranks[i],
+                               "decoded_token": _token_text(tok, ids[i], False)[0]}}
+        for r, (t, v) in enumerate(scores.top[i][:k]):
+            entry[str(t)] = {"logprob": _lp(v), "rank": r + 1, "decoded_token": _token_text(tok, t, False)[0]}
         out.append(entry)
     return out
 

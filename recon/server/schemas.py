@@ -2,24 +2,22 @@
 
 It exists so that every request body is checked in one place, field by field, before anything
 touches the model, and so that every refusal has the same shape, ``{"error": {"message", "type",
-"param", "code"}}``, with ``param`` naming the field (``messages[2].content``, ``prompt[0][3]``)
-and ``code`` saying what is wrong (``invalid_type``, ``invalid_value``, ``unsupported_parameter``,
-``model_not_found``).
+"param", "code"}}``, with ``param`` naming the field (``messages[2].content``, ``prompt[0][3]``,
+``sampling_params.top_k``) and ``code`` saying what is wrong (``invalid_type``, ``invalid_value``,
+``unsupported_parameter``, ``model_not_found``). The endpoints: OpenAI's chat and text completions
+(:class:`ChatRequest`, :class:`CompletionRequest`, with vLLM's extra fields) and SGLang's native
+``/generate`` (:class:`GenerateRequest`).
 
-The fields are typed with validators of our own rather than pydantic's coercing types: OpenAI's
-API takes ``temperature: 1`` but not ``"1"``, ``n: 2`` but not ``true`` or ``2.0``. A validator
-raises :class:`Invalid`; :func:`api_error` turns the first error pydantic collected into an
-:class:`ApiError`. Unknown fields are ignored (clients send ``user``, ``metadata``, ``store``...);
-the fields in :data:`UNSUPPORTED` would change the output if ignored, so they are refused unless
-they hold their "off" value. Server limits (``max_tokens`` cap, vocabulary size, served name)
-come in through pydantic's validation context.
+The fields are typed with the strict validators of :mod:`recon.server.fields`; :func:`api_error`
+turns the first error pydantic collected into an :class:`ApiError`. Unknown fields are ignored
+(clients send ``user``, ``metadata``, ``store``, ``rid``...); the fields in :data:`UNSUPPORTED`
+(and SGLang's sampling options beyond temperature and top-p) would change the output if ignored,
+so they are refused unless they hold their "off" value. Server limits (``max_tokens`` cap,
+vocabulary size, served name) come in through pydantic's validation context.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import (
@@ -34,59 +32,40 @@ from pydantic import (
     model_validator,
 )
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's cap for top_logprobs
+from recon.server.fields import (  # noqa: F401 - ApiError, to_json and parse_body are imported from here too
+    MAX_TOP_LOGPROBS,
+    ApiError,
+    Flag,
+    Invalid,
+    Off,
+    Penalty,
+    Seed,
+    Temperature,
+    TopK,
+    TopP,
+    _best_of,
+    _content,
+    _fixed,
+    _id_lists,
+    _model,
+    _no_stream_options,
+    _non_empty_list,
+    _object,
+    _prompts,
+    _role,
+    _texts,
+    _where,
+    integer,
+    parse_body,
+    show,
+    to_json,
+)
+
+MAX_TOP_LOGPROBS_NUM = 128  # SGLang's top_logprobs_num (uncapped there; the answer's size is bounded too)
 MAX_N = 16
-MAX_PROMPTS = 256  # prompts in one /v1/completions request
 DEFAULT_MAX_TOKENS = 128
-ROLES = ("system", "developer", "user", "assistant", "tool")
 #: request fields that would change the output if ignored; refused rather than silently dropped
 UNSUPPORTED = ("stop", "tools", "functions", "tool_choice", "response_format", "logit_bias", "suffix", "best_of")
-SEED_RANGE = (-(2**63), 2**63 - 1)
-
-
-class ApiError(Exception):
-    """An error the client caused (or a busy server), sent as OpenAI's error object. ``close``
-    asks for the connection to be closed after the answer (the body was not read, or cannot be)."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error", headers: dict[str, str] | None = None, close: bool = False):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
-        self.headers, self.close = dict(headers or {}), close
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def to_json(value: Any) -> bytes:
-    """JSON as every answer is written: UTF-8, and never ``NaN`` (which is not JSON)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
-
-
-class Invalid(ValueError):
-    """A field's value refused: ``text(param)`` is the message; ``param`` replaces the location
-    pydantic reports (for checks across fields), ``sub`` extends it (``[3]`` inside a list)."""
-
-    def __init__(self, code: str, text: Callable[[str], str], *, param: str | None = None, sub: str = "", status: int = 400):
-        super().__init__(code)
-        self.code, self.text, self.param, self.sub, self.status = code, text, param, sub, status
-
-
-def show(value: Any) -> str:
-    """A client's value, short, as JSON (never failing: a 5,000-digit int has no str() in 3.11)."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):
-        text = type(value).__name__
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _where(loc: tuple) -> str:
-    """``('messages', 0, 'content')`` -> ``messages[0].content``."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 _FIRST = {"model": 0, "messages": 1, "prompt": 1, **{key: 2 for key in UNSUPPORTED}, "frequency_penalty": 2,
@@ -105,161 +84,6 @@ def api_error(error: ValidationError) -> ApiError:
     if first["type"] in ("model_type", "model_attributes_type", "dict_type"):
         return ApiError(400, f"'{where}' must be an object, got {got}", param=where, code="invalid_type")
     return ApiError(400, f"'{where}': {first['msg']}", param=where or None, code="invalid_value")
-
-
-def parse_body(data: bytes) -> dict:
-    """A request body as a JSON object; anything else is a 400 naming what is wrong."""
-
-    def reject(name: str) -> None:
-        raise ValueError(f"{name} is not JSON")
-
-    try:
-        body = json.loads(data, parse_constant=reject)
-    except RecursionError:
-        raise ApiError(400, "the body is not valid JSON (nested too deeply)", code="invalid_json") from None
-    except UnicodeDecodeError:
-        raise ApiError(400, "the body is not valid JSON (not UTF-8)", code="invalid_json") from None
-    except ValueError as e:
-        raise ApiError(400, f"the body is not valid JSON ({getattr(e, 'msg', e)})", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_type")
-    return body
-
-
-# -- field validators ---------------------------------------------------------------------------------
-def _number(value: Any, lo: float, hi: float, lo_open: bool, default: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)) \
-            or not (lo < value if lo_open else lo <= value) or value > hi:
-        raise Invalid("invalid_value", lambda p: f"'{p}' must be a number in {'(' if lo_open else '['}{float(lo)}, "
-                                                 f"{float(hi)}], got {show(value)}")
-    return float(value)
-
-
-def number(lo: float, hi: float, *, lo_open: bool = False, default: float = 1.0) -> Any:
-    """A JSON number in [lo, hi] (``(lo, hi]`` with ``lo_open``); null is the default."""
-    return Annotated[float, PlainValidator(lambda value: _number(value, lo, hi, lo_open, default))]
-
-
-def integer(lo: int | str, hi: int | str, default: int | None) -> Any:
-    """A JSON integer in [lo, hi]; a bound given as a name is read from the validation context."""
-
-    def check(value: Any, info: ValidationInfo) -> int | None:
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise Invalid("invalid_type", lambda p: f"'{p}' must be an integer, got {type(value).__name__}")
-        low, high = ((info.context or {}).get(b, 2048) if isinstance(b, str) else b for b in (lo, hi))
-        if not low <= value <= high:
-            raise Invalid("invalid_value", lambda p: f"'{p}' must be in [{low}, {high}], got {show(value)}")
-        return value
-
-    return Annotated[int | None, PlainValidator(check)]
-
-
-def _flag(value: Any) -> bool:
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise Invalid("invalid_type", lambda p: f"'{p}' must be true or false, got {type(value).__name__}")
-    return value
-
-
-def _off(value: Any) -> Any:
-    """An unsupported feature in its "off" position, or a refusal."""
-    if value in (None, [], "", "none", {"type": "text"}):
-        return None
-    raise Invalid("unsupported_parameter", lambda p: f"'{p}' is not supported by recon serve")
-
-
-def _penalty(value: Any) -> float:
-    if _number(value, -2.0, 2.0, False, 0.0) != 0.0:
-        raise Invalid("unsupported_parameter", lambda p: f"'{p}' is not supported by recon serve (only 0)")
-    return 0.0
-
-
-def _best_of(value: Any) -> Any:
-    return None if value == 1 else _off(value)
-
-
-def _model(value: Any, info: ValidationInfo) -> str | None:
-    """The served model answers to its own name, to "default" and to no name at all."""
-    served = (info.context or {}).get("served")
-    if value is None or value == "default" or value == served or served is None:
-        return value
-    if not isinstance(value, str):
-        raise Invalid("invalid_type", lambda p: f"'{p}' must be a string, got {type(value).__name__}")
-    raise Invalid("model_not_found", lambda p: f"The model `{value[:200]}` does not exist; this server serves `{served}`.",
-                  status=404)
-
-
-def _non_empty_list(value: Any) -> list:
-    if not isinstance(value, list) or not value:
-        raise Invalid("invalid_type", lambda p: f"'{p}' must be a non-empty list")
-    return value
-
-
-def _no_stream_options(value: Any) -> None:
-    if value is not None:
-        raise Invalid("invalid_value", lambda p: f"'{p}' is only allowed with 'stream': true")
-
-
-def _object(value: Any) -> Any:
-    if value is not None and not isinstance(value, dict):
-        raise Invalid("invalid_type", lambda p: f"'{p}' must be an object, got {type(value).__name__}")
-    return value
-
-
-def _role(value: Any) -> str:
-    if value not in ROLES:
-        raise Invalid("invalid_value", lambda p: f"'{p}' must be one of {', '.join(ROLES)}, got {show(value)}")
-    return value
-
-
-def _content(value: Any) -> str:
-    """A string, or text parts joined: this model reads text only."""
-    if isinstance(value, list):
-        texts = []
-        for j, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise Invalid("invalid_type", lambda p: f"'{p}' must be a text part "
-                              '({"type": "text", "text": "..."}); this model reads text only', sub=f"[{j}]")
-            texts.append(part["text"])
-        return "".join(texts)
-    if not isinstance(value, str):
-        raise Invalid("invalid_type", lambda p: f"'{p}' must be a string or a list of text parts, got {type(value).__name__}")
-    return value
-
-
-def _prompts(value: Any, info: ValidationInfo) -> list[list[int] | str]:
-    """``prompt`` as OpenAI and vLLM take it: a string, a list of ids, or a list of either."""
-    vocab_size = (info.context or {}).get("vocab_size", 2**31)
-    if isinstance(value, str) or (isinstance(value, list) and value and all(type(i) is int for i in value)):
-        value = [value]  # one prompt
-    if not isinstance(value, list) or not value:
-        raise Invalid("invalid_type", lambda p: f"'{p}' must be a string, a non-empty list of token ids, or a list of those")
-    if len(value) > MAX_PROMPTS:
-        raise Invalid("invalid_value", lambda p: f"at most {MAX_PROMPTS} prompts in one request, got {len(value)}")
-    for k, prompt in enumerate(value):
-        if isinstance(prompt, str):
-            continue
-        if not isinstance(prompt, list) or not prompt:
-            raise Invalid("invalid_type", lambda p: f"'{p}' must be a string or a non-empty list of token ids", sub=f"[{k}]")
-        for j, tid in enumerate(prompt):
-            if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < vocab_size:
-                raise Invalid("invalid_value", lambda p, tid=tid: f"'{p}' must be a token id in [0, {vocab_size}), "
-                              f"got {show(tid)}", sub=f"[{k}][{j}]")
-    return value
-
-
-Flag = Annotated[bool, PlainValidator(_flag)]
-Off = Annotated[Any, PlainValidator(_off)]
-Penalty = Annotated[float, PlainValidator(_penalty)]
-Temperature = number(0.0, 2.0)
-TopP = number(0.0, 1.0, lo_open=True)
-Seed = integer(*SEED_RANGE, 0)
-TopK = integer(0, MAX_TOP_LOGPROBS, None)
 
 
 class _Request(BaseModel):
@@ -381,6 +205,88 @@ class CompletionRequest(_Request):
         return self.prompt
 
 
+class SamplingParams(BaseModel):
+    """SGLang's ``sampling_params``: ``max_new_tokens`` (0 scores the input only), ``temperature``, ``top_p``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    max_new_tokens: integer(0, "max_tokens", None) = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    sampling_seed: Seed = 0
+    top_k: _fixed(-1) = -1
+    min_p: _fixed(0.0, 0) = 0.0
+    repetition_penalty: _fixed(1.0, 1) = 1.0
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    n: _fixed(1) = 1
+    ignore_eos: _fixed(False) = False
+    stop: Off = None
+    stop_token_ids: Off = None
+    regex: Off = None
+    json_schema: Off = None
+    ebnf: Off = None
+
+
+class GenerateRequest(BaseModel):
+    """SGLang's native ``POST /generate``: ``input_ids`` (or ``text``), one prompt or a batch, with
+    ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num`` and ``token_ids_logprob``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    text: Annotated[Any, PlainValidator(_texts)] = None
+    input_ids: Annotated[Any, PlainValidator(_id_lists)] = None
+    sampling_params: Annotated[SamplingParams, BeforeValidator(lambda v: {} if v is None else _object(v))] = \
+        Field(None, validate_default=True)
+    return_logprob: Flag = False
+    logprob_start_len: integer(-1, 2**31 - 1, -1) = -1
+    top_logprobs_num: integer(0, MAX_TOP_LOGPROBS_NUM, 0) = 0
+    token_ids_logprob: Annotated[Any, PlainValidator(_id_lists)] = None
+    return_text_in_logprobs: Flag = False
+    stream: _fixed(False) = False
+    input_embeds: Off = None
+    image_data: Off = None
+    lora_path: Off = None
+    custom_logit_processor: Off = None
+    _budget: int = PrivateAttr(0)
+
+    @model_validator(mode="after")
+    def _across_fields(self, info: ValidationInfo) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise Invalid("invalid_value", lambda p: "give one of 'text' and 'input_ids'", param="input_ids")
+        asked = self.token_ids_logprob
+        if asked is not None and asked[0] and len(asked[1]) != len(self.prompts):
+            raise Invalid("invalid_value", lambda p: f"'token_ids_logprob' has {len(asked[1])} lists for "
+                          f"{len(self.prompts)} prompts", param="token_ids_logprob")
+        cap, count = (info.context or {}).get("max_tokens", 2048), len(self.prompts)
+        wanted = self.sampling_params.max_new_tokens
+        if wanted is not None and count * wanted > cap:
+            raise Invalid("invalid_value", lambda p: f"prompts x 'max_new_tokens' is {count} x {wanted}; this server "
+                          f"generates at most {cap} tokens per request", param="sampling_params.max_new_tokens")
+        self._budget = min(DEFAULT_MAX_TOKENS, cap // count) if wanted is None else wanted  # SGLang's default: 128
+        return self
+
+    @property
+    def budget(self) -> int:
+        """Tokens to generate per prompt (0: score the input only)."""
+        return self._budget
+
+    @property
+    def batched(self) -> bool:
+        return self.input_ids[0] if self.input_ids is not None else isinstance(self.text, list)
+
+    @property
+    def prompts(self) -> list[list[int] | str]:
+        return self.input_ids[1] if self.input_ids is not None else self.text
+
+    def asked_ids(self, k: int) -> list[int] | None:
+        """The ids ``token_ids_logprob`` asks for at every position of prompt ``k`` (a flat list is for every prompt)."""
+        if self.token_ids_logprob is None:
+            return None
+        batch, rows = self.token_ids_logprob
+        return rows[k] if batch else rows[0]
+
+
 def _validate(cls: type[BaseModel], body: dict, context: dict) -> Any:
     try:
         return cls.model_validate(body, context=context)
@@ -391,6 +297,11 @@ def _validate(cls: type[BaseModel], body: dict, context: dict) -> Any:
 def parse_chat_request(body: dict, *, served: str, max_tokens: int = 2048) -> ChatRequest:
     """A chat completion body checked field by field; :class:`ApiError` names the first bad field."""
     return _validate(ChatRequest, body, {"served": served, "max_tokens": max_tokens})
+
+
+def parse_generate_request(body: dict, *, vocab_size: int, max_tokens: int = 2048) -> GenerateRequest:
+    """An SGLang ``/generate`` body checked field by field."""
+    return _validate(GenerateRequest, body, {"max_tokens": max_tokens, "vocab_size": vocab_size})
 
 
 def parse_completion_request(body: dict, *, served: str, vocab_size: int, max_tokens: int = 2048) -> CompletionRequest:
