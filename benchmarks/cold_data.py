@@ -5,7 +5,8 @@ UTF-8 or cannot be read are skipped) and the licence texts found (/usr/share/com
 LICENSE* under the standard library). Pass p cuts every text into 1,600-character slices starting
 at offset p * 97 % 1600, so later passes give new slices; a slice already seen is skipped, so no
 two records hold the same text. Each slice is encoded with recon's smollm2 tokenizer (or the one
-named) and ends with its end-of-turn token (``<|im_end|>``; ``<|endoftext|>`` for cl100k); one
+named) and ends with its end-of-turn token (``<|im_end|>``; ``<|endoftext|>`` for cl100k, ``<｜end▁of▁sentence｜>`` for
+DeepSeek-V4); one
 record in seven has one multi-byte token replaced by a non-canonical split into two tokens that
 spell the same bytes (so exactly those records do not round-trip; a record with no multi-byte
 token, rare, passes the split on to the next). With ``mixed``, one record in three also carries
@@ -39,7 +40,7 @@ MIXED = ["中文的句子，还有标点。", "한국어 문장입니다", "Съ
 
 
 def end_text(tokenizer: str) -> str:
-    return "<|endoftext|>" if tokenizer == "cl100k" else "<|im_end|>"
+    return {"cl100k": "<|endoftext|>", "deepseek-v4": "<｜end▁of▁sentence｜>"}.get(tokenizer, "<|im_end|>")
 
 
 def source_paths() -> list[Path]:

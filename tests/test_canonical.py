@@ -72,11 +72,9 @@ def test_the_rules_hold_for_every_pair_of_characters_in_many_contexts(smollm2):
 
 def test_only_known_pre_tokenizers_get_rules(tokenizers):
     assert boundary_rules(tokenizers["smollm2"].core) is not None
-    assert boundary_rules(tokenizers["deepseek-v4"].core) is None  # its own Split patterns: no rules yet
-    for name in ("smollm2", "qwen3.6", "cl100k"):  # the tiktoken ones: tests/test_canonical_tiktoken.py
+    assert boundary_rules(tokenizers["deepseek-v4"].core) is None  # its Split patterns: derived (test_canonical_deepseek)
+    for name in ("smollm2", "qwen3.6", "cl100k", "deepseek-v4"):  # tiktoken ones: tests/test_canonical_tiktoken.py
         assert tokenizers[name].canonical_check() is not None
-    for name in ("deepseek-v4",):
-        assert tokenizers[name].canonical_check() is None
         assert tokenizers[name].encode_batch(["a b"], guesses=[[1, 2]]) == [tokenizers[name].encode("a b")]
 
 

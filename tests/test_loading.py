@@ -307,10 +307,19 @@ def test_piece_by_id_is_the_table_without_building_it():
         assert tok.piece(tok.vocab_size + 3) == f"<{tok.vocab_size + 3}>" and tok.piece(-1) == "<-1>"
 
 
-def test_tiktoken_batch_decode_is_the_cores(tokenizers, kimi):
-    """decode_batch joins token bytes itself for tiktoken tokenizers: equal to the core's own
-    decode on random ids (cut UTF-8, specials, reserved ids) and the core's error on an unknown id."""
+def test_batch_decode_is_the_cores(tokenizers, kimi):
+    """decode_batch joins token bytes itself for tiktoken tokenizers and HF ByteLevel ones: equal to
+    the core's own decode on random ids (cut UTF-8, specials, reserved ids) and the core's error
+    on an unknown id."""
     rng = random.Random(3)
+    for name in ("smollm2", "deepseek-v4"):
+        tok = tokenizers[name]
+        assert tok._unjoined is not None
+        specials = [t.id for t in tok.added_tokens]
+        batch = [[rng.randrange(tok.vocab_size) if rng.random() < 0.9 else rng.choice(specials)
+                  for _ in range(rng.randrange(0, 40))] for _ in range(400)]
+        batch += [[tok.bytes_to_id[b"\xe4"]], [tok.bytes_to_id[b" "], tok.bytes_to_id[b"\xe4"], tok.bytes_to_id[b"a"]]]
+        assert tok.decode_batch(batch) == tok.core.decode_batch(batch, skip_special_tokens=False), name
     for tok in (tokenizers["qwen3.6"], tokenizers["cl100k"], kimi):
         specials = [t.id for t in tok.added_tokens]
         batch = [[rng.randrange(tok.vocab_size) if rng.random() < 0.9 else rng.choice(specials)

@@ -132,6 +132,7 @@ class Tokenizer(ABC):
         self._ascii_texts
         self.length_array
         self.canonical_check()
+        self._decode_batch([[]])  # (its tables)
         return self
 
     @abstractmethod
@@ -161,6 +162,24 @@ class Tokenizer(ABC):
     def _decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """The native core's batch decode."""
         return [self.decode(ids) for ids in batch]
+
+    def _join_decode(self, batch: Sequence[Sequence[int]], unjoined: frozenset[int], native) -> list[str]:
+        """Each sequence's :attr:`token_bytes` joined and decoded, invalid UTF-8 replaced (what a
+        decoder that joins bytes does, without a native call per batch); sequences holding an id
+        of ``unjoined`` or outside the vocabulary go to ``native`` (lists in, texts out)."""
+        table, join = self.token_bytes, b"".join
+        out: list[str | None] = []
+        for ids in batch:
+            try:  # (a negative id would index from the end: refused first)
+                ok = min(ids, default=0) >= 0 and (not unjoined or unjoined.isdisjoint(ids))
+                out.append(join(map(table.__getitem__, ids)).decode("utf-8", "replace") if ok else None)
+            except (IndexError, TypeError):
+                out.append(None)
+        slow = [k for k, text in enumerate(out) if text is None]
+        if slow:
+            for k, text in zip(slow, native([list(batch[k]) for k in slow])):
+                out[k] = text
+        return out  # type: ignore[return-value]
 
     #: whether :meth:`decode` of ASCII tokens is their bytes joined (set by backends where it is)
     _joins_bytes = False

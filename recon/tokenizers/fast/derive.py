@@ -227,14 +227,23 @@ def _top(pattern: str, alphabet: str, sources: list[str] | None = None) -> tuple
 
 def boundary_tests(pattern: str, alphabet: str = ALPHABET) -> dict[str, list[Pos]]:
     """Per character x: the atoms and assertions that may be tried right after an atom of the
-    pattern consumed x (through zero-width assertions)."""
+    pattern consumed x (through zero-width assertions). Refused unless every character of the
+    alphabet is sure to be matched (a tiktoken pattern drops text no match covers)."""
+    tests, covered, _, _ = _analysis(pattern, alphabet)
+    if set(alphabet) - covered:
+        raise Refused(f"no sure match at {sorted(set(alphabet) - covered)[:5]}")
+    return tests
+
+
+def _analysis(pattern: str, alphabet: str) -> tuple[dict[str, list[Pos]], frozenset[str], frozenset[str], bool]:
+    """:func:`boundary_tests` without the coverage check, plus: the characters sure to be matched
+    alone, those no atom or assertion of the pattern accepts, and whether it has an end anchor."""
     alternatives, parts = _top(pattern, alphabet)
     whole = alt(alternatives)
     if whole.nullable or whole.zero:
         raise Refused("the pattern matches the empty text")
     covered = frozenset().union(*(_covered(a, items) for a, items in zip(alternatives, parts)))
-    if set(alphabet) - covered:
-        raise Refused(f"no sure match at {sorted(set(alphabet) - covered)[:5]}")
+    seen_anywhere = frozenset().union(*(pos.members for pos in whole.positions))
     out: dict[str, list[Pos]] = {}
     for x in alphabet:
         seen: dict[int, Pos] = {}
@@ -246,7 +255,7 @@ def boundary_tests(pattern: str, alphabet: str = ALPHABET) -> dict[str, list[Pos
                 if q.kind != "atom":  # zero-width: what follows it is tried at the same place
                     todo += q.follow
         out[x] = list(seen.values())
-    return out
+    return out, covered, frozenset(alphabet) - seen_anywhere, any(pos.kind == "end" for pos in whole.positions)
 
 
 def is_cut(tests: list[Pos], y: str) -> bool:
@@ -293,6 +302,7 @@ def whitespace_cuts(pattern: str) -> str | None:
         alternatives, _ = _top(pattern, ALPHABET + WHITESPACE[WHITESPACE.index("\x85"):], sources)
     except (Refused, regex.error, ValueError, IndexError):
         return None
+    sources = [src.replace("\r", r"\r").replace("\n", r"\n") for src in sources]  # (a JSON pattern holds them raw)
     kind = next((kind for tail, kind in TAILS.items() if "|".join(sources[-tail.count("|") - 1 :]) == tail), None)
     if kind is None:
         return None
@@ -337,3 +347,50 @@ def derived_boundaries(pattern: str) -> Boundaries | None:
         return Boundaries(pairs, classes=tuple(range(1, size)))
     horizontal = frozenset(ord(c) + 1 for c in ALPHABET if c in WHITESPACE and c not in NEWLINES)
     return Boundaries(pairs, classes=tuple(range(1, size)), space_first=horizontal, space_then=frozenset(solid))
+
+
+def split_sequence_boundaries(patterns: list[str]) -> Boundaries | None:
+    """The :class:`Boundaries` of ``tokenizers``' pre-tokenizer made of Isolated splits, one per
+    pattern, in order (each step splits every piece the one before made; text no match covers
+    stays a piece of its own). DeepSeek's: digits by threes, CJK runs, then a tiktoken-style
+    pattern. None where a step has something the parser refuses.
+
+    Per step and pair (x, y), the boundary between them is *clean* when it becomes a piece
+    boundary with each side's pieces as alone: the pattern's tests after x can't tell y from the
+    end (:func:`is_cut`), and x and y are each either sure to be matched (so x's match ends at
+    the boundary and y's starts there) or accepted by nothing in the pattern (a gap ends or
+    starts there; not both). It is *transparent* when nothing in the pattern accepts x or y and
+    it has no end anchor: the boundary lies inside one gap piece, u's last gap then r's first,
+    and the next step sees that piece as it would see the two texts apart. A pair is a cut when
+    some step is clean and every step before it transparent. The cuts after whitespace of the
+    last step (:func:`whitespace_cuts`) hold where every earlier step is transparent to all
+    whitespace and to the character after the space (so the run and the word stay in one piece)."""
+    if not patterns:
+        return None
+    try:
+        steps = [_analysis(p, ALPHABET + WHITESPACE[WHITESPACE.index("\x85"):]) for p in patterns]
+    except (Refused, regex.error, ValueError, IndexError):
+        return None
+    size = len(ALPHABET) + 1
+    pairs = [[False] * size for _ in range(size)]
+    for x in ALPHABET:
+        for y in ALPHABET:
+            for tests, covered, never, has_end in steps:
+                if x in never and y in never and not has_end:
+                    continue  # transparent: the next step decides
+                sure = (x in covered or x in never) and (y in covered or y in never)
+                pairs[ord(x) + 1][ord(y) + 1] = sure and is_cut(tests[x], y)
+                break
+    space = frozenset(WHITESPACE)
+    earlier = steps[:-1]
+    kind = whitespace_cuts(patterns[-1]) if all(space <= never and not has_end for _, _, never, has_end in earlier) else None
+    solid = [c for c in ALPHABET if c not in space and all(c in never for _, _, never, _ in earlier)]
+    if kind is not None:
+        for x in NEWLINES:
+            for y in solid:
+                pairs[ord(x) + 1][ord(y) + 1] = True
+    classes = tuple(range(1, size))
+    if kind != "gives back its space":
+        return Boundaries(pairs, classes=classes)
+    horizontal = frozenset(ord(c) + 1 for c in ALPHABET if c in space and c not in NEWLINES)
+    return Boundaries(pairs, classes=classes, space_first=horizontal, space_then=frozenset(ord(c) + 1 for c in solid))

@@ -323,6 +323,21 @@ def _digits_then_gpt2() -> Boundaries:
     return Boundaries(pairs, frozenset({LETTER, APOSTROPHE, OTHER}), glue="0")
 
 
+def split_patterns(core) -> list[str] | None:
+    """The patterns of a ``tokenizers`` pre-tokenizer made only of Isolated ``Split`` steps (and a
+    ``ByteLevel`` that splits nothing), in order; None for any other (DeepSeek's is one such)."""
+    try:
+        state = json.loads(core.pre_tokenizer.__getstate__()) if core.pre_tokenizer is not None else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+    steps = state.get("pretokenizers", []) if isinstance(state, dict) and state.get("type") == "Sequence" else [state]
+    for step in steps:
+        if not isinstance(step, dict) or not (step.get("type") == "Split" or (
+                step.get("type") == "ByteLevel" and step.get("use_regex") is False)):
+            return None
+    return _hf_patterns(state) or None
+
+
 def boundary_rules(core) -> Boundaries | None:
     """The :class:`Boundaries` of a ``tokenizers.Tokenizer``'s pre-tokenizer, or None for one with
     no rules here (only ``Digits`` then GPT-2's ``ByteLevel``, SmolLM2's, so far: derived by hand

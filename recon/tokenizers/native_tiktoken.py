@@ -1,0 +1,233 @@
+"""The ``tiktoken`` core behind :class:`~recon.tokenizers.tokenizer.Tokenizer`, with its family's
+normalization (Qwen's NFC) and input slicing (Kimi's loader cuts long inputs and long runs).
+
+Why a module of its own: the wrapper reproduces the original loaders' behaviour and offers the
+exact fast paths of :mod:`recon.tokenizers.fast` (boundary rules derived from the family's
+pattern, stretches learned through the core's own encode); beside the HF wrapper in
+:mod:`recon.tokenizers.native` the two made one module longer than one sitting.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import cached_property, lru_cache
+from typing import Sequence
+
+from recon.tokenizers.bytelevel import bytes_to_piece, piece_to_bytes
+from recon.tokenizers.families import FAMILIES, TiktokenFamily
+from recon.tokenizers.fast.derive import derived_boundaries
+from recon.tokenizers.fast.pretokenize import Boundaries, for_tiktoken
+from recon.tokenizers.fast.wordcache import WordCache
+from recon.tokenizers.tokenizer import Tokenizer
+
+# ---------------------------------------------------------------------------------------------
+# Kimi's (and Llama 3's) loader: tiktoken panics on huge inputs, so text is cut into slices.
+MAX_ENCODE_CHARS = 400_000
+MAX_RUN_CHARS = 25_000
+
+
+@lru_cache(maxsize=4)
+def _long_run(max_run: int) -> re.Pattern:
+    return re.compile(r"\s{%d,}|\S{%d,}" % (max_run + 1, max_run + 1))
+
+
+def split_long_runs(text: str, max_run: int = MAX_RUN_CHARS) -> list[str]:
+    r"""Cut ``text`` so no piece holds more than ``max_run`` consecutive (non-)whitespace chars.
+
+    Port of ``_split_whitespaces_or_nonwhitespaces`` from Kimi's loader. Python's ``\s`` is
+    ``str.isspace``, so the regex test is exact and skips the character loop for normal text.
+    """
+    if len(text) <= max_run or not _long_run(max_run).search(text):
+        return [text]
+    pieces, start, run = [], 0, 0
+    in_space = text[0].isspace()
+    for i, ch in enumerate(text):
+        now_space = ch.isspace()
+        if in_space ^ now_space:
+            run, in_space = 1, now_space
+        else:
+            run += 1
+            if run > max_run:
+                pieces.append(text[start:i])
+                start, run = i, 1
+    pieces.append(text[start:])
+    return pieces
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A ``tiktoken.Encoding`` plus the family's normalization and input slicing."""
+
+    def __init__(self, core, family: TiktokenFamily, **kw):
+        super().__init__(**kw)
+        self._core = core
+        self.family = family
+        self._decoder: dict[int, bytes] | None = None
+
+    @property
+    def core(self):
+        """The underlying ``tiktoken.Encoding``."""
+        return self._core
+
+    def _slices(self, text: str) -> list[str]:
+        if self.family.nfc:
+            text = unicodedata.normalize("NFC", text)
+        if not self.family.cut_long_runs or len(text) <= MAX_RUN_CHARS:
+            return [text]
+        return [
+            piece
+            for i in range(0, len(text), MAX_ENCODE_CHARS)
+            for piece in split_long_runs(text[i : i + MAX_ENCODE_CHARS])
+        ]
+
+    def _encode_one(self, text: str, allow_special: bool) -> list[int]:
+        if allow_special:
+            return self._core.encode(text, allowed_special="all")
+        return self._core.encode(text, disallowed_special=())
+
+    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
+        slices = self._slices(text)
+        if len(slices) == 1:
+            return self._encode_one(slices[0], allow_special)
+        return [i for s in slices for i in self._encode_one(s, allow_special)]
+
+    def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True,
+                     guesses: Sequence[Sequence[int] | None] | None = None,
+                     decoded: Sequence[str | None] | None = None) -> list[list[int]]:
+        check = self.canonical_check() if guesses is not None and allow_special else None
+        if check is None:
+            return self._encode_plain(texts, allow_special)
+        if self.family.cut_long_runs:  # a text the loader would slice: not checked on its ids
+            guesses = [g if len(t) <= MAX_RUN_CHARS else None for t, g in zip(texts, guesses)]
+        if self.family.nfc:  # the core encodes a text's NFC: a text not in NFC is not its ids' encoding
+            guesses = [g if t.isascii() or unicodedata.is_normalized("NFC", t) else None for t, g in zip(texts, guesses)]
+        out = check.encode(texts, guesses, decoded)
+        rest = [k for k, ids in enumerate(out) if ids is None]
+        for k, ids in zip(rest, self._encode_plain([texts[k] for k in rest], allow_special)):
+            out[k] = ids
+        return out  # type: ignore[return-value]
+
+    def _glued_encoder(self):
+        """The core's own encode, where it is exactly :meth:`encode` of the text: no added
+        token's content in it (tiktoken's ordinary encode extracts none) and, for a family that
+        normalizes, the text already in NFC. Stretches are shorter than the loader's slices."""
+        specials = getattr(self._core, "_special_tokens", None)
+        if specials is None:
+            return None
+        find = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True)))).search if specials else None
+        ordinary, nfc = self._core.encode_ordinary, self.family.nfc
+
+        def encode(text: str) -> list[int] | None:
+            if (find is not None and find(text)) or (nfc and not unicodedata.is_normalized("NFC", text)):
+                return None
+            return ordinary(text)
+
+        return encode
+
+    def _boundary_rules(self) -> Boundaries | None:
+        """Derived from the pattern the core runs (:mod:`recon.tokenizers.fast.derive`)."""
+        return derived_boundaries(self._core._pat_str) if self.word_cache(True) is not None else None
+
+    def _encode_plain(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:
+        """:meth:`encode` of each text, through the word cache where there is one."""
+        slices = [self._slices(t) for t in texts]
+        flat = [s for group in slices for s in group]
+        cache = self.word_cache(allow_special)
+        encoded = cache.encode_batch(flat) if cache is not None else self._encode_slices(flat, allow_special)
+        if len(flat) == len(texts):
+            return encoded
+        out, k = [], 0
+        for group in slices:
+            ids: list[int] = []
+            for _ in group:
+                ids.extend(encoded[k])
+                k += 1
+            out.append(ids)
+        return out
+
+    def _encode_slices(self, slices: list[str], allow_special: bool) -> list[list[int]]:
+        if allow_special:
+            return self._core.encode_batch(slices, allowed_special="all")
+        return self._core.encode_batch(slices, disallowed_special=())
+
+    def _make_word_cache(self, allow_special: bool) -> WordCache | None:
+        specials = getattr(self._core, "_special_tokens", None)  # content -> id; tiktoken has no public map
+        if self.family.pattern not in {f.pattern for f in FAMILIES.values()} or specials is None:
+            return None
+        specials = specials if allow_special else {}
+        # tiktoken tries specials in no fixed order: a text where one is a prefix of another goes whole
+        bail = [a for a in specials if any(b != a and b.startswith(a) for b in specials)]
+        piece = getattr(self._core, "_encode_single_piece", None)  # the BPE alone on one pre-token
+        cut = for_tiktoken(self.family.pattern) if piece is not None else None
+        return WordCache(lambda texts: self._encode_slices(texts, allow_special), self.token_lengths, [specials], bail,
+                         cut=cut, encode_pieces=(lambda pieces: [piece(p.encode()) for p in pieces]) if cut else None)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._core.decode(list(ids), errors="replace")
+
+    _joins_bytes = True  # tiktoken decodes the tokens' bytes joined, invalid UTF-8 replaced
+
+    def _decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """tiktoken's decode is its tokens' bytes joined, invalid UTF-8 replaced: joined here from
+        :attr:`token_bytes` (the core's batch decode starts a thread pool per call). A sequence
+        with an id no token holds goes to the core, which says so as it always has."""
+        return self._join_decode(batch, self._gaps,
+                                 lambda rest: self._core.decode_batch(rest, errors="replace"))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._core.n_vocab
+
+    def id_to_bytes(self, token_id: int) -> bytes:
+        return self._core.decode_single_token_bytes(token_id)
+
+    @cached_property
+    def _gaps(self) -> frozenset[int]:
+        """Ids below the vocabulary size that no token holds."""
+        return frozenset(i for i, data in enumerate(self.token_bytes) if not data)
+
+    @cached_property
+    def token_bytes(self) -> list[bytes]:
+        """As :attr:`Tokenizer.token_bytes`, from the ranks and specials the core was built from
+        (asking it id by id costs a call each, ~0.5 s per process for 150k tokens)."""
+        ranks, specials = getattr(self._core, "_mergeable_ranks", None), getattr(self._core, "_special_tokens", None)
+        if ranks is None or specials is None:
+            return super().token_bytes
+        table = [b""] * self.vocab_size
+        for data, i in ranks.items():
+            table[i] = data
+        for text, i in specials.items():
+            table[i] = text.encode("utf-8")
+        return table
+
+    @cached_property
+    def pieces(self) -> list[str]:
+        """As :attr:`Tokenizer.pieces` (:meth:`id_to_piece` of every id), from :attr:`token_bytes`."""
+        by_content = self.added_by_content
+        out = []
+        for i, data in enumerate(self.token_bytes):
+            added = by_content.get(data.decode("utf-8", "replace")) if data else None
+            out.append(added.content if added is not None and added.id == i else bytes_to_piece(data) if data else f"<{i}>")
+        return out
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        try:
+            data = self._core.decode_single_token_bytes(token_id)
+        except KeyError:
+            return None
+        added = self.added_by_content.get(data.decode("utf-8", "replace"))
+        if added is not None and added.id == token_id:
+            return added.content
+        return bytes_to_piece(data)
+
+    def piece_to_id(self, piece: str) -> int | None:
+        added = self.added_by_content.get(piece)
+        if added is not None:
+            return added.id
+        data = piece_to_bytes(piece)
+        if data is None:
+            return None
+        try:
+            return self._core.encode_single_token(data)
+        except KeyError:
+            return None
