@@ -159,6 +159,9 @@ class HFTokenizer(Tokenizer):
             return native([ids if type(ids) is list else list(ids) for ids in batch])
         return self._join_decode(batch, self._unjoined, native)
 
+    def _decodes_bytes(self) -> bool:
+        return self._unjoined is not None and all(not self.token_bytes[i] for i in self._unjoined)
+
     @cached_property
     def _unjoined(self) -> frozenset[int] | None:
         """For a ByteLevel decoder, which maps every token back to its bytes and decodes them

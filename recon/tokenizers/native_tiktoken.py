@@ -107,6 +107,9 @@ class TiktokenTokenizer(Tokenizer):
             out[k] = ids
         return out  # type: ignore[return-value]
 
+    def _decodes_bytes(self) -> bool:
+        return True  # tiktoken's decode: the tokens' bytes joined, errors replaced
+
     def _glued_encoder(self):
         """The core's own encode, where it is exactly :meth:`encode` of the text: no added
         token's content in it (tiktoken's ordinary encode extracts none) and, for a family that

@@ -94,9 +94,15 @@ class Tokenizer(ABC):
             cache = self.word_cache(True) if rules is not None else None
             texts = self._ascii_texts if cache is not None else None
             self._canonical = (CanonicalCheck(cache, texts, self.length_array, rules, self.added_ids,  # type: ignore[arg-type]
-                                              token_bytes=self.token_bytes, encode_glued=self._glued_encoder())
+                                              token_bytes=self.token_bytes, encode_glued=self._glued_encoder(),
+                                              decodes_bytes=self._decodes_bytes())
                                if texts is not None else None)
         return self._canonical
+
+    def _decodes_bytes(self) -> bool:
+        """Whether :meth:`decode` of any ids is their :attr:`token_bytes` joined, invalid UTF-8
+        replaced (ids no token holds aside)."""
+        return False
 
     def _glued_encoder(self):
         """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: the native encoding of one

@@ -42,20 +42,24 @@ class CanonicalCheck:
     ``token_bytes[id]`` every token's bytes (``b""`` for an id no token holds, which never passes);
     ``byte_lengths[id]`` their lengths; ``rules`` the pre-tokenizer's
     :class:`~recon.tokenizers.fast.pretokenize.Boundaries`; ``cache`` the word cache that encodes
-    stretches never seen; ``encode_glued``, where given, the tokenizer's own encoding of one long
+    stretches never seen (``decodes_bytes``: every token's decode is its bytes); ``encode_glued``, where given, the tokenizer's own encoding of one long
     text holding no added token's content, or None where it can't vouch for it (the word cache
     encodes it then). At most ``max_runs`` learned stretches of two tokens or more are kept; past
     that only those the last batch used, the common ones (so memory stays flat)."""
 
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
                  rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15, *,
-                 token_bytes: Sequence[bytes], encode_glued: Callable[[str], list[int] | None] | None = None):
+                 token_bytes: Sequence[bytes], encode_glued: Callable[[str], list[int] | None] | None = None,
+                 decodes_bytes: bool = False):
         vocab_size = len(byte_lengths)
         self._cache = cache
         self._texts = texts
         self._token_bytes = token_bytes
         self._byte_lengths = byte_lengths
         self._encode_glued = encode_glued or (lambda text: cache.encode_batch([text])[0])
+        #: whether the decode of every token is its bytes (invalid UTF-8 replaced): then a decode
+        #: that equals a text without U+FFFD says the bytes are the text's
+        self._decodes_bytes = decodes_bytes
         #: per id: in the ASCII table (its text is ``texts[id]``)
         self._ascii = np.fromiter((text is not None for text in texts[:vocab_size]), bool, vocab_size)
         self._known = byte_lengths > 0
@@ -211,7 +215,8 @@ class CanonicalCheck:
             text = texts[k]
             if not is_known:
                 ok.append(False)
-            elif decoded is not None and decoded[k] is not None and (is_ascii or decoded[k] != text or "\ufffd" not in text):
+            elif decoded is not None and decoded[k] is not None and (
+                    is_ascii or decoded[k] != text or ("\ufffd" not in text and self._decodes_bytes)):
                 # a decode replaces invalid UTF-8 with U+FFFD: equal to a text without one, the
                 # bytes were valid and are the text's; unequal, the bytes differ too
                 ok.append(decoded[k] == text)
