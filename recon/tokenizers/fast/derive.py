@@ -337,16 +337,20 @@ def derived_boundaries(pattern: str) -> Boundaries | None:
     for x in ALPHABET:
         for y in ALPHABET:
             pairs[ord(x) + 1][ord(y) + 1] = is_cut(tests[x], y)
-    kind = whitespace_cuts(pattern)
-    solid = [ord(c) + 1 for c in ALPHABET if c not in WHITESPACE]  # classes of non-whitespace
-    if kind is not None:
-        for x in NEWLINES:
-            for y in solid:
-                pairs[ord(x) + 1][y] = True
+    return _boundaries(pairs, whitespace_cuts(pattern), [c for c in ALPHABET if c not in WHITESPACE])
+
+
+def _boundaries(pairs: list[list[bool]], kind: str | None, solid: list[str]) -> Boundaries:
+    """``pairs`` (one class per ASCII character) with the cuts after whitespace of ``kind`` (see
+    :func:`whitespace_cuts`) made before the characters of ``solid``."""
+    for x in NEWLINES if kind is not None else ():
+        for y in solid:
+            pairs[ord(x) + 1][ord(y) + 1] = True
+    classes = tuple(range(1, len(pairs)))
     if kind != "gives back its space":
-        return Boundaries(pairs, classes=tuple(range(1, size)))
+        return Boundaries(pairs, classes=classes)
     horizontal = frozenset(ord(c) + 1 for c in ALPHABET if c in WHITESPACE and c not in NEWLINES)
-    return Boundaries(pairs, classes=tuple(range(1, size)), space_first=horizontal, space_then=frozenset(solid))
+    return Boundaries(pairs, classes=classes, space_first=horizontal, space_then=frozenset(ord(c) + 1 for c in solid))
 
 
 def split_sequence_boundaries(patterns: list[str]) -> Boundaries | None:
@@ -384,13 +388,4 @@ def split_sequence_boundaries(patterns: list[str]) -> Boundaries | None:
     space = frozenset(WHITESPACE)
     earlier = steps[:-1]
     kind = whitespace_cuts(patterns[-1]) if all(space <= never and not has_end for _, _, never, has_end in earlier) else None
-    solid = [c for c in ALPHABET if c not in space and all(c in never for _, _, never, _ in earlier)]
-    if kind is not None:
-        for x in NEWLINES:
-            for y in solid:
-                pairs[ord(x) + 1][ord(y) + 1] = True
-    classes = tuple(range(1, size))
-    if kind != "gives back its space":
-        return Boundaries(pairs, classes=classes)
-    horizontal = frozenset(ord(c) + 1 for c in ALPHABET if c in space and c not in NEWLINES)
-    return Boundaries(pairs, classes=classes, space_first=horizontal, space_then=frozenset(ord(c) + 1 for c in solid))
+    return _boundaries(pairs, kind, [c for c in ALPHABET if c not in space and all(c in never for _, _, never, _ in earlier)])
