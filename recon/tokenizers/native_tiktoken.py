@@ -114,14 +114,13 @@ class TiktokenTokenizer(Tokenizer):
         """The core's own encode, where it is exactly :meth:`encode` of the text: no added
         token's content in it (tiktoken's ordinary encode extracts none) and, for a family that
         normalizes, the text already in NFC. Stretches are shorter than the loader's slices."""
-        specials = getattr(self._core, "_special_tokens", None)
-        if specials is None:
+        cache = self.word_cache(True)  # its passes find every special's content (the core's specials)
+        if cache is None:
             return None
-        find = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True)))).search if specials else None
-        ordinary, nfc = self._core.encode_ordinary, self.family.nfc
+        ordinary, nfc, holds = self._core.encode_ordinary, self.family.nfc, cache.holds_added
 
         def encode(text: str) -> list[int] | None:
-            if (find is not None and find(text)) or (nfc and not unicodedata.is_normalized("NFC", text)):
+            if holds(text) or (nfc and not unicodedata.is_normalized("NFC", text)):
                 return None
             return ordinary(text)
 

@@ -158,6 +158,10 @@ class WordCache:
                 keys += words
         return keys
 
+    def holds_added(self, text: str) -> bool:
+        """Whether ``text`` holds the content of an added token this cache extracts or bails on."""
+        return any(p.search(text) for p, _ in self._passes) or (self._bail is not None and self._bail.search(text) is not None)
+
     def added_spans(self, text: str) -> list[tuple[int, int]] | None:
         """(offset, id) of each added token the encoder extracts from ``text``, in order (offsets
         in characters); None if the text holds an added token the cache sends to the native
