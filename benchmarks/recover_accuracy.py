@@ -44,7 +44,7 @@ def load(inputs: list[Path], limit: int | None):
 def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[Path], limit: int | None) -> None:
     import recon
     from recon.audit.profiles import load_profile
-    from recon.recovery.recover import recover, sampling_of
+    from recon.recovery.recover import recover, sampling_of, search_failed
     from recon.recovery.scorers import make_scorer
     from recon.recovery.search import score_ids
 
@@ -58,16 +58,21 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[P
         for rec, res in zip(mine, recover(mine, bound, scorer, progress=False)):
             took = time.perf_counter() - start
             row = {"id": res.id, "dataset": res.dataset, "temperature": rec.meta.get("temperature"),
-                   "tokens": len(rec.output_ids), "canonical_exact": res.canonical_exact, "exact": res.exact,
+                   "tokens": len(rec.output_ids), "canonical_exact": res.canonical_exact, "exact": bool(res.exact),
                    "changed": res.changed, "confidence": None if res.confidence is None else round(res.confidence, 6),
                    "candidates": res.n_candidates, "choices": len(res.choices), "calls": res.passes,
-                   "seconds": round(took, 2), "error": res.error, "failure": None}
+                   "seconds": round(took, 2), "error": res.error, "failure": "error" if res.error else None}
             if res.ids is not None and not res.exact:  # judged by the score the search maximizes
                 sampling = sampling_of(rec, scorer)
-                got = score_ids(rec.prompt_ids, res.ids, scorer, sampling)
-                sampled = score_ids(rec.prompt_ids, rec.output_ids, scorer, sampling)
-                row.update(returned_score=round(got, 4), sampled_score=round(sampled, 4),
-                           failure="search" if sampled > got + 1e-4 else "model")
+                try:
+                    got = score_ids(rec.prompt_ids, res.ids, scorer, sampling)
+                    sampled = score_ids(rec.prompt_ids, rec.output_ids, scorer, sampling)
+                    row.update(returned_score=round(got, 4), sampled_score=round(sampled, 4),
+                               failure="search" if sampled > got + 1e-4 else "model")
+                except Exception as exc:  # judging one record failed: it says so, the rest go on
+                    row.update(error=search_failed(rec.id, exc, "scoring its ids"), failure="error")
+            if row["error"]:
+                print(f"{row['error']}", file=sys.stderr, flush=True)
             f.write(json.dumps(row) + "\n")
             f.flush()
             start = time.perf_counter()
@@ -108,15 +113,15 @@ def print_failures(frame) -> None:
     encode is wrong, and the calibration line."""
     wrong = frame[~frame["canonical_exact"]]
     failure = frame["failure"] if "failure" in frame else None
-    print("\ntemperature  canonical wrong  recovered  search errors  model errors")
+    print("\ntemperature  canonical wrong  recovered  search errors  model errors  failed")
     for t, g in sorted(wrong.groupby("temperature"), key=lambda kv: kv[0]):
         kinds = g["failure"] if failure is not None else None
-        search = int((kinds == "search").sum()) if kinds is not None else "?"
-        model = int((kinds == "model").sum()) if kinds is not None else "?"
-        print(f"{t:>11g}  {len(g):>15}  {int(g['exact'].sum()):>9}  {search!s:>13}  {model!s:>12}")
+        search, model, failed = (int((kinds == k).sum()) if kinds is not None else "?" for k in ("search", "model", "error"))
+        print(f"{t:>11g}  {len(g):>15}  {int(g['exact'].sum()):>9}  {search!s:>13}  {model!s:>12}  {failed!s:>6}")
     if failure is not None:
         broken = frame[frame["canonical_exact"] & ~frame["exact"]]
-        print(f"exact samples made wrong: {len(broken)} (search errors among them {int((broken['failure'] == 'search').sum())})")
+        print(f"exact samples made wrong: {len(broken)} (search errors among them {int((broken['failure'] == 'search').sum())}, "
+              f"failed {int((broken['failure'] == 'error').sum())})")
     sure = frame[frame["confidence"] >= 0.9]
     share = f"{sure['exact'].mean():.1%}" if len(sure) else "n/a"
     print(f"calibration: {len(sure)} samples at confidence >= 0.9, {int(sure['exact'].sum())} exact ({share}); "

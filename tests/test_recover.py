@@ -259,6 +259,60 @@ def test_bundled_recovery_rows_match_the_held_out_data(tokenizers):
     assert table.loc["all", "exact made wrong"] == 0
 
 
+def test_search_always_returns_a_candidate_that_spells_the_text(model, bound):
+    """Held-out t=0.7 samples where ``ĊĊ`` (the sampled, canonical cut) and ``Ċ``+``Ċ`` meet at the
+    start of ``1.``: ``Ċ``+``Ċ`` is likelier up to there and 15 nats less likely after it. The beam
+    dropped each against a bound that rested on the other and raised "no candidate spells the
+    text"; now it returns the sampled ids (the data's own ``output_ids``), spelling the response."""
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
+
+    held = {r.id: r for r in read_records(DATA / "heldout-t0.7.jsonl").records}
+    picked = [held["p005-0"], held["p025-3"]]
+    for rec, res in zip(picked, recover(picked, bound, LocalScorer(model), progress=False)):
+        assert res.error is None and res.ids == rec.output_ids and res.exact is True, rec.id
+        body = res.ids[:-1] if rec.response.finish_reason == "stop" else res.ids  # the end token apart
+        assert bound.tok.decode(body) == rec.response.content, rec.id
+
+
+def test_a_record_whose_search_raises_gets_an_error_and_the_rest_go_on(model, bound, warm, tmp_path):
+    """An unexpected error in one record's search is that record's error (one line naming it),
+    in the library and in `recon recover`; the records after it are recovered as usual."""
+    import subprocess
+
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
+
+    picked = [warm["p001-0"], warm["p026-3"], warm["p001-2"]]
+    inner = LocalScorer(model)
+
+    def scorer(seqs, *args, **kwargs):
+        if any(list(s[: len(picked[1].prompt_ids)]) == picked[1].prompt_ids for s in seqs):
+            raise RuntimeError("boom\nsecond line")
+        return inner(seqs, *args, **kwargs)
+
+    for name in ("tempered", "truncates", "batches_alternatives", "top_k"):
+        setattr(scorer, name, getattr(inner, name))
+    first, failed, last = recover(picked, bound, scorer, progress=False)
+    assert first.exact is True and last.exact is True
+    assert failed.ids is None and failed.error == "record p026-3: the search failed (RuntimeError: boom second line)"
+    write_records(picked, tmp_path / "in.jsonl")
+    shim = ("import sys, recon.recovery.search as s; real = s.search\n"
+            "def search(prompt, *a, **k):\n"
+            f"    if list(prompt) == {picked[1].prompt_ids!r}: raise ValueError('injected')\n"
+            "    return real(prompt, *a, **k)\n"
+            "s.search = search; import recon.recovery.recover as r; r.search = search\n"
+            "from recon.cli import main; sys.exit(main())")
+    run = subprocess.run([sys.executable, "-c", shim, "recover", str(tmp_path / "in.jsonl"), "--tokenizer", "smollm2",
+                          "--profile", "chatml", "--threads", "1", "--out", str(tmp_path / "out.jsonl")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "recon: warning: record p026-3: the search failed (ValueError: injected)" in run.stderr
+    assert "recovered 2 of 3 samples (1 errors)" in run.stdout
+    back = [r.meta["recover"] for r in read_records(tmp_path / "out.jsonl").records]
+    assert [m["exact"] for m in back] == [True, None, True] and "p026-3" in back[1]["error"]
+
+
 #: held-out samples CI recovers again (quick ones): non-canonical, cut inside a character, exact
 CI_SUBSET = DATA.parent / "tests" / "data" / "recover-ci.jsonl"
 

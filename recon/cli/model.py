@@ -41,6 +41,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
             for rec, res in zip(todo, results):
                 rec.meta = {**rec.meta, "recover": res.to_meta()}
                 out.write(rec)
+                if res.error and res.error.startswith("record "):  # the search failed: say so, go on
+                    print(f"recon: warning: {res.error}", file=sys.stderr, flush=True)
                 written += 1
                 if not terminal and args.log_every and (written % args.log_every == 0 or written == len(todo)):
                     spent = time.monotonic() - started

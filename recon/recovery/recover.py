@@ -173,8 +173,9 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
     output_ids): the canonical encode, then the search above. ``temperature``: score at this
     temperature; None takes the record's ``meta["temperature"]`` where the scorer can apply it,
     else 1; the sampler's truncation (``top_p``, ``top_k``, ``min_p`` in ``meta``) where the scorer
-    can apply it. Records without ``prompt_ids`` get an error (the model needs the context); every
-    record gets a result, in order."""
+    can apply it. Records without ``prompt_ids`` get an error (the model needs the context), and so
+    does a record whose search raised (:func:`search_failed`: one line naming it); every record gets a
+    result, in order."""
     from tqdm.auto import tqdm
 
     seg = Segmenter(bound.tok)
@@ -192,10 +193,21 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
             yield base
             continue
         sampling = sampling_of(rec, scorer, temperature)
-        ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead)
+        try:
+            ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead)
+        except Exception as exc:  # one record's failure, not the run's: it gets an error, the rest go on
+            base.error = search_failed(rec.id, exc)
+            yield base
+            continue
         base.ids, base.confidence, base.choices, base.passes = ids, conf, choices, passes
         base.exact = None if truth is None else ids == truth
         yield base
+
+
+def search_failed(rid: str, exc: BaseException, what: str = "the search") -> str:
+    """One line naming the record, for an unexpected error in its search (a bug to report)."""
+    msg = " ".join(str(exc).split()) or "no message"
+    return f"record {rid}: {what} failed ({type(exc).__name__}: {msg})"
 
 
 def sampling_of(rec: Record, scorer: Scorer, temperature: float | None = None) -> Sampling:

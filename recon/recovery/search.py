@@ -14,12 +14,16 @@ token the decoder accepts (a sample cut inside an emoji ends in the lead bytes t
 
 **The beam.** States are taken in text order; every prefix in a state is extended by every token
 its bytes allow (read by id, however unlikely: a sampled token can rank in the thousands). A
-prefix is dropped when it is more than ``delta`` nats below the best score some other prefix is
-known to reach at the same state or at the next *anchor*: a byte offset no token can straddle, so
-that every candidate passes through it (the start of most words). A prefix's score can only fall
-as it grows, so a prefix that is ``delta`` below what another prefix already reaches at the anchor
-it must cross can only win if its different history makes the *rest* of the text more than
+prefix is dropped when it is more than ``delta`` nats below the best score a path still searched
+is known to reach at the next *anchor* ahead: a byte offset no token can straddle, so that every
+candidate passes through it (the start of most words). A prefix's score can only fall as it grows,
+so it can then win only if its different history makes the text *past* that anchor more than
 ``delta`` nats likelier — the one place the search is not exact (and ``top`` prefixes per state).
+Prefixes in the same state are not compared by score there: ``Ċ``+``Ċ`` outscores ``ĊĊ`` at the
+end of a paragraph, and loses by 15 nats on the ``1`` after it. A bound only counts while the path
+it came from is searched (else two prefixes could each be dropped against the other, and nothing
+would be left), and the canonical ids are never dropped (scored in the first pass; the answer
+scores at least as high).
 Prefixes are scored speculatively: a pass runs a prefix plus the draft's continuation (the
 canonical ids, or the fewest tokens back to them), which gives the distribution after every prefix
 along it; only a prefix off every scored path costs a pass of its own.
@@ -41,6 +45,8 @@ from recon.recovery.sampling import Sampling
 from recon.tokenizers.tokenizer import Tokenizer
 
 FFFD = "\ufffd".encode()
+#: scores kept per state for the bound (the best live one counts)
+REF = 4
 
 
 class Segmenter:
@@ -240,7 +246,9 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     n, pad = len(prompt), canonical[-1] if canonical else 0
     end_state = (len(text.data), b"")
     dists: dict[tuple[int, ...], dict[int, float]] = {}
-    ref: dict[tuple[int, bytes], float] = {}
+    #: state -> the best scores scored paths reach there, with the path (best first, at most REF)
+    ref: dict[tuple[int, bytes], list[tuple[float, tuple[int, ...]]]] = {}
+    dead: dict = {}  # a trie of the dropped prefixes: a path through one of them is no longer searched
     draft_at = {}  # byte offset of a canonical boundary -> index in canonical
     pos = 0
     for k, i in enumerate(canonical):
@@ -279,14 +287,34 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                     if j < len(cont):
                         score += lps.get(cont[j], -math.inf)
                         prefix = prefix + (cont[j],)
-                        if score > ref.get(states[j + 1], -math.inf):
-                            ref[states[j + 1]] = score
+                        if score > -math.inf:
+                            known = ref.setdefault(states[j + 1], [])
+                            if len(known) < REF or score > known[-1][0]:
+                                known.append((score, prefix))
+                                known.sort(key=lambda e: -e[0])
+                                del known[REF:]
+
+    def drop(ids, rel) -> None:
+        """``ids`` is searched no further (a rival for the confidence), nor is any path through it."""
+        rivals.append((ids, rel))
+        node = dead
+        for t in ids:
+            node = node.setdefault(t, {})
+        node[None] = True
+
+    def alive(path) -> bool:
+        node = dead
+        for t in path:
+            node = node.get(t)
+            if node is None or None in node:
+                return node is None
+        return True
 
     def bound(state) -> float:
-        """The best score known to be reached at ``state`` or at the next point all must pass."""
+        """The best score a path still searched is known to reach at the next anchor past ``state``."""
         c, pend = state
         anchor = text.next_anchor(c + len(pend) if text.data.startswith(pend, c) else c)
-        return max(ref.get(state, -math.inf), ref.get((anchor, b""), -math.inf))
+        return next((sc for sc, path in ref.get((anchor, b""), ()) if alive(path)), -math.inf)
 
     def continuation(state) -> list[int]:
         c, pend = state
@@ -313,7 +341,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                 break
         return out[: j + 1]
 
-    start = (0, b"")
+    start, draft = (0, b""), tuple(canonical)
     anchor_states = {(a, b"") for a in text.anchors}
     draft_states = {(p, b"") for p in draft_at}
     run([((), start, 0.0, list(canonical))])
@@ -330,22 +358,23 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         if state == end_state:
             done = hyps
             break
-        best = max(max(s for s, _ in hyps), bound(state))
+        bar = bound(state)
+        best = max(max(s for s, _ in hyps), bar)
+        width = top if passes < max_passes else 1  # out of passes: the best prefix only, scored still
         hyps.sort(key=lambda h: -h[0])
         kept = []
         for s, ids in hyps:
-            if s < best - delta or len(kept) >= top or (kept and _common_suffix(ids, kept[0][1]) >= settle):
-                rivals.append((ids, s - best))  # worse, or the same as a better one for ``settle`` tokens now
+            if ids == draft[: len(ids)]:
+                kept.append((s, ids))  # the canonical ids: scored already, and always a candidate
+            elif s < bar - delta or len(kept) >= width or (kept and _common_suffix(ids, kept[0][1]) >= settle):
+                drop(ids, s - best)  # too far below, or the same as a better one for ``settle`` tokens now
             else:
                 kept.append((s, ids))
         todo = [(ids, state, s, continuation(state)) for s, ids in kept if ids not in dists]
-        if todo and passes < max_passes:
+        if todo:
             run(todo)
         children = []
         for s, ids in kept:
-            if ids not in dists:
-                rivals.append((ids, s - best))  # out of passes
-                continue
             flushed = text.finished(state)
             targets = [(t, text.step(state, t)) for t in dists[ids]]
             if flushed == end_state:
