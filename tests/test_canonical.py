@@ -194,3 +194,31 @@ def test_decoded_texts_stand_for_the_spelling_and_non_ascii_ones_are_spelled_by_
     assert tok.encode_batch(texts, guesses=guesses, decoded=decoded) == [tok.encode(t) for t in texts]
     odd = [guesses[0] + [tok.vocab_size + 7], [-3] + guesses[2]]  # ids no token holds: never confirmed
     assert check.confirm([texts[0], texts[2]], odd, [texts[0], texts[2]]) == [False, False]
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen3.6", "cl100k", "deepseek-v4", "kimi-k2.5"])
+def test_texts_with_added_tokens_anywhere_give_the_native_ids(name, tokenizers, kimi):
+    """Added tokens held by the ids, spelled by ordinary tokens, cut in half, next to each other
+    and to text that begins or ends like one: encode_batch with the ids as guesses (the quick
+    count of added tokens' first characters, or the cache's own extraction) equals the native
+    encode of the text, and a guess is confirmed only where it is that encoding."""
+    tok = kimi if name == "kimi-k2.5" else tokenizers[name]
+    rng = random.Random(23)
+    contents = sorted(t.content for t in tok.added_tokens)
+    pool = [c for c in contents if len(c) > 1][:60] + ["<|", "|>", "<", "[", "]", "｜", "<t", "</"]
+    words = ["hello", " world", "\n", "  ", "x", "1", "é", " 中文"]
+    texts, guesses = [], []
+    for _ in range(400):
+        parts = [rng.choice(pool) if rng.random() < 0.4 else rng.choice(words) for _ in range(rng.randrange(1, 7))]
+        text = "".join(parts)
+        ids = tok.encode(text)
+        texts.append(text)
+        guesses.append(ids)
+        spelled = [i for p in parts for i in (tok.encode(p, allow_special=False))]  # specials spelled out
+        texts.append(tok.decode(spelled))
+        guesses.append(spelled)
+    expected = [tok.encode(t) for t in texts]
+    assert tok.encode_batch(texts, guesses=guesses, decoded=tok.decode_batch(guesses)) == expected
+    confirmed = tok.canonical_check().confirm(texts, guesses, tok.decode_batch(guesses))
+    assert confirmed == [g == e for g, e in zip(guesses, expected)]
+    assert 50 < sum(confirmed) < len(texts)  # both kinds are there

@@ -158,6 +158,17 @@ class WordCache:
                 keys += words
         return keys
 
+    def added_contents(self) -> list[str]:
+        """The contents of every added token this cache extracts."""
+        return list(self._tokens)
+
+    def added_ids(self, content: str) -> Sequence[int]:
+        return self._tokens.get(content, ())
+
+    def bails(self, text: str) -> bool:
+        """Whether ``text`` holds an added token's content that sends it to the native encoder."""
+        return self._bail is not None and self._bail.search(text) is not None
+
     def holds_added(self, text: str) -> bool:
         """Whether ``text`` holds the content of an added token this cache extracts or bails on."""
         return any(p.search(text) for p, _ in self._passes) or (self._bail is not None and self._bail.search(text) is not None)
