@@ -170,16 +170,16 @@ def test_a_guess_that_spells_another_text_or_holds_unknown_ids_is_refused(smollm
 def test_stretches_learned_together_are_learned_as_one_by_one(smollm2):
     tok = recon.load_tokenizer("smollm2")
     check = tok.canonical_check()
-    assert check._glues and tok.decode([check._glues[0][1]]) == "0"  # Digits: a cut around every digit
+    assert check._glued.glues and tok.decode([check._glued.glues[0][1]]) == "0"  # Digits: a cut around every digit
     words = [" return", "self", " FakeProxyHandler", "(", "):", "\n   ", " x", "'s", "0", "12", "<|im_end|>", "a<|im_"]
     stretches = [tok.encode(w) for w in words] + [tok.encode(" ret") + tok.encode("urn")]  # the last: not canonical
     assert check._learn(stretches) == [tok.encode(tok.decode(s)) == s for s in stretches]
     assert check._learn(stretches)[-1] is False
-    glue, glue_id = check._glues[0][:2]
+    glue, glue_id = check._glued.glues[0][:2]
     glued = tok.encode("0".join(words[:3]))
     data = [w.encode() for w in words[:3]]
-    assert check._unglue(glued, data, glue_id) == [tok.encode(w) for w in words[:3]]
-    assert check._unglue(glued, [b"ab", *data[1:]], glue_id) is None  # the glue is not where the texts say
+    assert check._glued.unglue(glued, data, glue_id) == [tok.encode(w) for w in words[:3]]
+    assert check._glued.unglue(glued, [b"ab", *data[1:]], glue_id) is None  # the glue is not where the texts say
 
 
 def test_decoded_texts_stand_for_the_spelling_and_non_ascii_ones_are_spelled_by_their_bytes(smollm2):

@@ -31,6 +31,7 @@ import numpy as np
 import regex
 
 from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
+from recon.tokenizers.fast.glue import GluedEncoder
 from recon.tokenizers.fast.wordcache import WordCache
 
 
@@ -56,7 +57,6 @@ class CanonicalCheck:
         self._texts = texts
         self._token_bytes = token_bytes
         self._byte_lengths = byte_lengths
-        self._encode_glued = encode_glued or (lambda text: cache.encode_batch([text])[0])
         #: whether the decode of every token is its bytes (invalid UTF-8 replaced): then a decode
         #: that equals a text without U+FFFD says the bytes are the text's
         self._decodes_bytes = decodes_bytes
@@ -87,7 +87,8 @@ class CanonicalCheck:
         self._space_word = np.isin(first, sorted(space_first)) & np.isin(second, sorted(rules.space_then))
         self._added = np.zeros(vocab_size, dtype=bool)
         self._added[list(added_ids)] = True
-        self._glues = self._glue_characters(rules, classes)
+        self._glued = GluedEncoder(cache, token_bytes, byte_lengths, first, last, self._rules, classes, rules.glue,
+                                   encode_glued or (lambda text: cache.encode_batch([text])[0]))
         self._prefixes, self._inside = _prefix_counts(cache, vocab_size)
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
         self._single = np.full(vocab_size, -1, dtype=np.int8)
@@ -97,31 +98,6 @@ class CanonicalCheck:
         self._runs: set[int] = set()  # packed stretches known to be their text's encoding
         self._long: set[bytes] = set()  # longer ones, as their ids' int32 bytes
         self.max_runs = max_runs
-
-    def _glue_characters(self, rules: Boundaries, classes: np.ndarray) -> list[tuple[bytes, int, np.ndarray, np.ndarray]]:
-        """ASCII characters that glue stretches together, best first: (its byte, its id, the
-        classes a stretch may end with before it, those it may start with after it). A glue
-        character g fits between two stretches when the rules cut between the first's last
-        character and g and between g and the second's first character: then the glued text's
-        pre-tokens are the first's, g alone, and the second's. Only characters that are one token
-        of their own are taken."""
-        pairs = self._rules
-        found = []
-        for char in dict.fromkeys(([rules.glue] if rules.glue else []) + list(ALPHABET)):
-            c = int(classes[ord(char)])
-            before, after = pairs[:, c].copy(), pairs[c, :].copy()
-            if before.sum() + after.sum() == 0:
-                continue
-            found.append((-(int(before.sum()) + int(after.sum())), char, before, after))
-        found.sort(key=lambda f: f[0])
-        glues = []
-        for _, char, before, after in found[:8]:
-            ids = self._cache.encode_batch([char])[0]
-            if len(ids) == 1 and self._token_bytes[ids[0]] == char.encode():
-                glues.append((char.encode(), ids[0], before, after))
-            if len(glues) == 3:
-                break
-        return glues
 
     def confirm(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None],
                 decoded: Sequence[str | None] | None = None) -> list[bool]:
@@ -308,65 +284,8 @@ class CanonicalCheck:
         return [got == want for got, want in zip(self._encode(stretches), stretches)]
 
     def _encode(self, stretches: list[list[int]]) -> list[list[int] | None]:
-        """The encoding of each stretch's text (None for one whose bytes are not UTF-8).
-
-        The texts are encoded many at a time, glued with a character the rules cut around
-        where the two stretches meet (:meth:`_glue_characters`; a digit, mostly): one native
-        call instead of one per stretch, whose per-call overhead would cost more than the BPE.
-        The encoding comes apart at the glue when each glue character is a token of its own at
-        its place (else, say where an added token's text spans the glue, or where the glued text
-        is not one the encoder vouches for, the stretches are encoded one by one)."""
-        get = self._token_bytes.__getitem__
-        data = [b"".join(map(get, ids)) for ids in stretches]
-        out: list[list[int] | None] = [None] * len(stretches)
-        if self._glues and len(stretches) > 1:
-            firsts = self._first[np.fromiter((ids[0] for ids in stretches), np.int64, len(stretches))]
-            lasts = self._last[np.fromiter((ids[-1] for ids in stretches), np.int64, len(stretches))]
-            todo = np.ones(len(stretches), dtype=bool)
-            for glue, glue_id, before, after in self._glues:
-                fits = np.flatnonzero(todo & before[lasts] & after[firsts])
-                todo[fits] = False
-                for group in _groups(fits.tolist(), data):
-                    for i, ids in zip(group, self._glued(glue, glue_id, [data[i] for i in group])):
-                        out[i] = ids
-        alone, texts = [], []
-        for i, ids in enumerate(out):
-            if ids is None:
-                try:
-                    texts.append(data[i].decode("utf-8"))
-                    alone.append(i)
-                except UnicodeDecodeError:
-                    pass
-        for i, ids in zip(alone, self._cache.encode_batch(texts)):
-            out[i] = ids
-        return out
-
-    def _glued(self, glue: bytes, glue_id: int, data: list[bytes]) -> list[list[int] | None]:
-        """The encodings of the texts ``data`` spell, from one encode of them glued with ``glue``
-        (the rules cut around it at every place it is put); Nones where that can't be done."""
-        try:
-            text = glue.join(data).decode("utf-8")
-        except UnicodeDecodeError:
-            return [None] * len(data)
-        ids = self._encode_glued(text)
-        encoded = self._unglue(ids, data, glue_id) if ids is not None else None
-        return encoded if encoded is not None else [None] * len(data)
-
-    def _unglue(self, ids: list[int], data: list[bytes], glue_id: int) -> list[list[int]] | None:
-        """The encoding of the texts glued (one glue character between two) cut back into each
-        text's, or None where a glue character is not a token of its own at its place."""
-        if len(data) == 1:
-            return [ids]
-        held = np.array(ids, dtype=np.int64)
-        lengths = self._byte_lengths[held]
-        starts = np.cumsum(lengths) - lengths
-        sizes = np.fromiter(map(len, data), np.int64, len(data))
-        places = np.cumsum(sizes[:-1] + 1) - 1  # where each glue character is, in bytes
-        at = np.searchsorted(starts, places)
-        if (at >= len(ids)).any() or not ((starts[at] == places) & (lengths[at] == 1) & (held[at] == glue_id)).all():
-            return None
-        bounds = [-1, *at.tolist(), len(ids)]
-        return [ids[a + 1 : b] for a, b in zip(bounds[:-1], bounds[1:])]
+        """The encoding of each stretch's text (None for one whose bytes are not UTF-8)."""
+        return self._glued.encode(stretches)
 
     def _unpacked(self, keys: np.ndarray) -> list[list[int]]:
         """The ids of each packed stretch (:meth:`_packed` undone)."""
@@ -389,33 +308,6 @@ def _in_bytes(text: str, spans: list[tuple[int, int]] | None) -> list[tuple[int,
     if not spans or text.isascii():
         return spans
     return [(len(text[:offset].encode("utf-8")), token_id) for offset, token_id in spans]
-
-
-#: bytes of stretches glued into one text at most (past that, a new text)
-GLUED_BYTES = 1 << 16
-
-
-def _groups(which: list[int], data: list[bytes]) -> list[list[int]]:
-    """``which`` cut into runs of at most about :data:`GLUED_BYTES` of data each."""
-    groups, group, size = [], [], 0
-    for i in which:
-        group.append(i)
-        size += len(data[i]) + 1
-        if size >= GLUED_BYTES:
-            groups.append(group)
-            group, size = [], 0
-    if group:
-        groups.append(group)
-    return groups
-
-
-def _slices(flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> list[bytes]:
-    """Each stretch (``size[s]`` ids from ``flat[first[s]]``) as its ids' int32 bytes: an exact
-    key, sliced from one buffer (a tuple of ints per stretch costs several times more)."""
-    if not len(first):
-        return []
-    buf = flat.astype(np.int32).tobytes()
-    return list(map(buf.__getitem__, map(slice, (first * 4).tolist(), ((first + size) * 4).tolist())))
 
 
 def _prefix_counts(cache: WordCache, vocab_size: int) -> tuple[list[str] | None, np.ndarray]:
@@ -446,3 +338,12 @@ def _prefix_counts(cache: WordCache, vocab_size: int) -> tuple[list[str] | None,
             if token_id < vocab_size:
                 inside[token_id] = sum(map(content.count, prefixes))
     return prefixes, inside
+
+
+def _slices(flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> list[bytes]:
+    """Each stretch (``size[s]`` ids from ``flat[first[s]]``) as its ids' int32 bytes: an exact
+    key, sliced from one buffer (a tuple of ints per stretch costs several times more)."""
+    if not len(first):
+        return []
+    buf = flat.astype(np.int32).tobytes()
+    return list(map(buf.__getitem__, map(slice, (first * 4).tolist(), ((first + size) * 4).tolist())))

@@ -1,0 +1,138 @@
+"""Many stretches of ids encoded in one native call, glued together where the rules cut.
+
+Why a module of its own: :class:`recon.tokenizers.fast.canonical.CanonicalCheck` learns each
+stretch it has not seen by encoding its text, and on cold data a chunk holds tens of thousands
+of them. One native call per stretch would cost more in per-call overhead than in BPE, so the
+texts are glued into long texts with a character the pre-tokenizer cuts around where each two
+meet (the boundary rules say which), encoded at once, and cut back apart at the glue, which is
+checked to be a token of its own at every place it was put.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from recon.tokenizers.fast.pretokenize import ALPHABET
+from recon.tokenizers.fast.wordcache import WordCache
+
+
+class GluedEncoder:
+    """Encodes stretches of ids (their texts) for one tokenizer. ``first``/``last``: each id's
+    first and last character class; ``pairs``: the boundary rules over those classes;
+    ``classes``: the class of each byte; ``preferred``: a glue character to try first (the
+    rules' own); ``encode_glued``: the native encoding of one long text, or None where it can't
+    vouch for it (then each stretch goes through the word ``cache``)."""
+
+    def __init__(self, cache: WordCache, token_bytes: Sequence[bytes], byte_lengths: np.ndarray, first: np.ndarray,
+                 last: np.ndarray, pairs: np.ndarray, classes: np.ndarray, preferred: str | None,
+                 encode_glued: Callable[[str], list[int] | None]):
+        self._cache, self._token_bytes, self._byte_lengths = cache, token_bytes, byte_lengths
+        self._first, self._last, self._pairs = first, last, pairs
+        self._encode_glued = encode_glued
+        self.glues = self._glue_characters(preferred, classes)
+
+    def _glue_characters(self, preferred: str | None, classes: np.ndarray) -> list[tuple[bytes, int, np.ndarray, np.ndarray]]:
+        """ASCII characters that glue stretches together, best first: (its byte, its id, the
+        classes a stretch may end with before it, those it may start with after it). A glue
+        character g fits between two stretches when the rules cut between the first's last
+        character and g and between g and the second's first character: then the glued text's
+        pre-tokens are the first's, g alone, and the second's. Only characters that are one token
+        of their own are taken."""
+        pairs = self._pairs
+        found = []
+        for char in dict.fromkeys(([preferred] if preferred else []) + list(ALPHABET)):
+            c = int(classes[ord(char)])
+            before, after = pairs[:, c].copy(), pairs[c, :].copy()
+            if before.sum() + after.sum() == 0:
+                continue
+            found.append((-(int(before.sum()) + int(after.sum())), char, before, after))
+        found.sort(key=lambda f: f[0])
+        glues = []
+        for _, char, before, after in found[:8]:
+            ids = self._cache.encode_batch([char])[0]
+            if len(ids) == 1 and self._token_bytes[ids[0]] == char.encode():
+                glues.append((char.encode(), ids[0], before, after))
+            if len(glues) == 3:
+                break
+        return glues
+
+    def encode(self, stretches: list[list[int]]) -> list[list[int] | None]:
+        """The encoding of each stretch's text (None for one whose bytes are not UTF-8).
+
+        The texts are encoded many at a time, glued with a character the rules cut around
+        where the two stretches meet (:meth:`_glue_characters`; a digit, mostly): one native
+        call instead of one per stretch, whose per-call overhead would cost more than the BPE.
+        The encoding comes apart at the glue when each glue character is a token of its own at
+        its place (else, say where an added token's text spans the glue, or where the glued text
+        is not one the encoder vouches for, the stretches are encoded one by one)."""
+        get = self._token_bytes.__getitem__
+        data = [b"".join(map(get, ids)) for ids in stretches]
+        out: list[list[int] | None] = [None] * len(stretches)
+        if self.glues and len(stretches) > 1:
+            firsts = self._first[np.fromiter((ids[0] for ids in stretches), np.int64, len(stretches))]
+            lasts = self._last[np.fromiter((ids[-1] for ids in stretches), np.int64, len(stretches))]
+            todo = np.ones(len(stretches), dtype=bool)
+            for glue, glue_id, before, after in self.glues:
+                fits = np.flatnonzero(todo & before[lasts] & after[firsts])
+                todo[fits] = False
+                for group in _groups(fits.tolist(), data):
+                    for i, ids in zip(group, self._glued(glue, glue_id, [data[i] for i in group])):
+                        out[i] = ids
+        alone, texts = [], []
+        for i, ids in enumerate(out):
+            if ids is None:
+                try:
+                    texts.append(data[i].decode("utf-8"))
+                    alone.append(i)
+                except UnicodeDecodeError:
+                    pass
+        for i, ids in zip(alone, self._cache.encode_batch(texts)):
+            out[i] = ids
+        return out
+
+    def _glued(self, glue: bytes, glue_id: int, data: list[bytes]) -> list[list[int] | None]:
+        """The encodings of the texts ``data`` spell, from one encode of them glued with ``glue``
+        (the rules cut around it at every place it is put); Nones where that can't be done."""
+        try:
+            text = glue.join(data).decode("utf-8")
+        except UnicodeDecodeError:
+            return [None] * len(data)
+        ids = self._encode_glued(text)
+        encoded = self.unglue(ids, data, glue_id) if ids is not None else None
+        return encoded if encoded is not None else [None] * len(data)
+
+    def unglue(self, ids: list[int], data: list[bytes], glue_id: int) -> list[list[int]] | None:
+        """The encoding of the texts glued (one glue character between two) cut back into each
+        text's, or None where a glue character is not a token of its own at its place."""
+        if len(data) == 1:
+            return [ids]
+        held = np.array(ids, dtype=np.int64)
+        lengths = self._byte_lengths[held]
+        starts = np.cumsum(lengths) - lengths
+        sizes = np.fromiter(map(len, data), np.int64, len(data))
+        places = np.cumsum(sizes[:-1] + 1) - 1  # where each glue character is, in bytes
+        at = np.searchsorted(starts, places)
+        if (at >= len(ids)).any() or not ((starts[at] == places) & (lengths[at] == 1) & (held[at] == glue_id)).all():
+            return None
+        bounds = [-1, *at.tolist(), len(ids)]
+        return [ids[a + 1 : b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+#: bytes of stretches glued into one text at most (past that, a new text)
+GLUED_BYTES = 1 << 16
+
+
+def _groups(which: list[int], data: list[bytes]) -> list[list[int]]:
+    """``which`` cut into runs of at most about :data:`GLUED_BYTES` of data each."""
+    groups, group, size = [], [], 0
+    for i in which:
+        group.append(i)
+        size += len(data[i]) + 1
+        if size >= GLUED_BYTES:
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+    return groups
