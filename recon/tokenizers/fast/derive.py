@@ -327,17 +327,9 @@ def whitespace_cuts(pattern: str) -> str | None:
 def derived_boundaries(pattern: str) -> Boundaries | None:
     """The :class:`Boundaries` of a tiktoken-style pattern over ASCII, one class per character
     (class ``ord(c) + 1``; 0 for a character outside ASCII, which never cuts); None where the
-    pattern has something :class:`_Parser` refuses."""
-    try:
-        tests = boundary_tests(pattern)
-    except (Refused, regex.error, ValueError, IndexError):
-        return None
-    size = len(ALPHABET) + 1
-    pairs = [[False] * size for _ in range(size)]
-    for x in ALPHABET:
-        for y in ALPHABET:
-            pairs[ord(x) + 1][ord(y) + 1] = is_cut(tests[x], y)
-    return _boundaries(pairs, whitespace_cuts(pattern), [c for c in ALPHABET if c not in WHITESPACE])
+    pattern has something :class:`_Parser` refuses, or leaves a character unmatched (tiktoken
+    drops such text)."""
+    return split_sequence_boundaries([pattern], every_character=True)
 
 
 def _boundaries(pairs: list[list[bool]], kind: str | None, solid: list[str]) -> Boundaries:
@@ -353,7 +345,7 @@ def _boundaries(pairs: list[list[bool]], kind: str | None, solid: list[str]) -> 
     return Boundaries(pairs, classes=classes, space_first=horizontal, space_then=frozenset(ord(c) + 1 for c in solid))
 
 
-def split_sequence_boundaries(patterns: list[str]) -> Boundaries | None:
+def split_sequence_boundaries(patterns: list[str], every_character: bool = False) -> Boundaries | None:
     """The :class:`Boundaries` of ``tokenizers``' pre-tokenizer made of Isolated splits, one per
     pattern, in order (each step splits every piece the one before made; text no match covers
     stays a piece of its own). DeepSeek's: digits by threes, CJK runs, then a tiktoken-style
@@ -368,12 +360,16 @@ def split_sequence_boundaries(patterns: list[str]) -> Boundaries | None:
     and the next step sees that piece as it would see the two texts apart. A pair is a cut when
     some step is clean and every step before it transparent. The cuts after whitespace of the
     last step (:func:`whitespace_cuts`) hold where every earlier step is transparent to all
-    whitespace and to the character after the space (so the run and the word stay in one piece)."""
+    whitespace and to the character after the space (so the run and the word stay in one piece).
+    ``every_character``: None unless the first pattern is sure to match every ASCII character (a
+    single tiktoken pattern: with no gaps, every pair it cuts is clean)."""
     if not patterns:
         return None
     try:
         steps = [_analysis(p, ALPHABET + WHITESPACE[WHITESPACE.index("\x85"):]) for p in patterns]
     except (Refused, regex.error, ValueError, IndexError):
+        return None
+    if every_character and set(ALPHABET) - steps[0][1]:
         return None
     size = len(ALPHABET) + 1
     pairs = [[False] * size for _ in range(size)]
