@@ -391,3 +391,39 @@ def test_a_killed_recover_run_resumes_without_redoing_or_duplicating(tmp_path, w
     assert [r.meta["recover"] for r in back.records] == whole
     assert whole[4]["ids"] == warm["p026-3"].output_ids and whole[4]["changed"]  # the non-canonical one, recovered
     assert "recovered 8 of 8 samples" in finished.stdout and "(8 in all)" in finished.stdout  # the whole file's summary
+
+
+def test_recover_on_a_dask_cluster_is_the_in_process_run(tmp_path, warm, model, bound):
+    """`recon recover --dask`: every worker loads the model once and recovers chunks of records;
+    the results come back in input order and equal the in-process run's, record by record (the
+    non-canonical p026-3 among them: its recovered ids are its sampled ids, the data's oracle)."""
+    pytest.importorskip("dask.distributed")
+    from dask.distributed import Client, LocalCluster
+
+    from recon.recovery.distributed import recover_on_dask
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import make_scorer
+
+    records = [warm[i] for i in ("p026-3", "p001-0", "p001-1", "p002-0", "p002-2")]
+    here = list(recover(records, bound, make_scorer("local", bound.tok, threads=1), progress=False))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        there = list(recover_on_dask(records, ("smollm2", None, "chatml", "smollm2", 1, None), "unused",
+                                     chunk=2, client=client))
+    assert [r.id for r in there] == [r.id for r in records]
+    for a, b in zip(here, there):
+        assert (a.ids, a.exact, a.canonical_exact, a.n_candidates, a.error) == (b.ids, b.exact, b.canonical_exact,
+                                                                                  b.n_candidates, b.error)
+        assert b.confidence == pytest.approx(a.confidence, abs=1e-9)
+    assert there[0].ids == warm["p026-3"].output_ids and there[0].changed
+    # the CLI: the same records through --dask local, written in input order with the same results
+    write_records(records[:2], tmp_path / "two.jsonl")
+    run = recon("recover", str(tmp_path / "two.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml", "--threads", "1",
+                "--dask", "local", "--out", str(tmp_path / "rec.jsonl"))
+    assert run.returncode == 0, run.stderr
+    back = read_records(tmp_path / "rec.jsonl").records
+    assert [r.id for r in back] == ["p026-3", "p001-0"]
+    assert [r.meta["recover"]["ids"] for r in back] == [here[0].ids, here[1].ids]
+    refused = recon("recover", str(tmp_path / "two.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml",
+                    "--scorer", "http://127.0.0.1:9/v1", "--dask", "local", "--out", str(tmp_path / "no.jsonl"))
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "--dask" in refused.stderr

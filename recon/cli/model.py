@@ -31,13 +31,21 @@ def cmd_recover(args: argparse.Namespace) -> int:
         if out.done:
             print(f"resuming {args.out}: {len(data.records) - len(todo)} records done, {len(todo)} to go", flush=True)
         api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+        if args.dask and args.scorer != "local":
+            raise ReconError("--dask runs the local scorer on the cluster's workers; a server scorer needs no cluster")
         scorer = make_scorer(args.scorer, tok, model=args.model, threads=args.threads, top_k=args.top_k,
-                             api=args.scorer_api, concurrency=args.concurrency, api_key=api_key) if todo else None
+                             api=args.scorer_api, concurrency=args.concurrency, api_key=api_key) if todo and not args.dask else None
         terminal = sys.stderr.isatty()
         started, written = time.monotonic(), 0
         try:
-            results = recover(todo, bound, scorer, temperature=args.temperature, lookahead=args.lookahead,
-                              progress=None if terminal else False) if todo else []
+            if args.dask and todo:
+                from recon.recovery.distributed import recover_on_dask
+
+                spec = (args.tokenizer, args.family, args.profile, args.model, args.threads, args.top_k)
+                results = recover_on_dask(todo, spec, args.dask, temperature=args.temperature, lookahead=args.lookahead)
+            else:
+                results = recover(todo, bound, scorer, temperature=args.temperature, lookahead=args.lookahead,
+                                  progress=None if terminal else False) if todo else []
             for rec, res in zip(todo, results):
                 rec.meta = {**rec.meta, "recover": res.to_meta()}
                 out.write(rec)
@@ -105,6 +113,9 @@ def add_recover(sub) -> None:
                    help="continue a run that stopped: keep the records --out holds, recover only the rest")
     p.add_argument("--log-every", type=int, default=10, metavar="N",
                    help="where stderr is no terminal (logs, CI): a progress line every N records (default 10; 0: none)")
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="the local scorer on a Dask cluster: 'local' (a LocalCluster here) or a scheduler address "
+                        "(tcp://host:8786); each worker loads the model once, results in input order as in one process")
     p.set_defaults(func=cmd_recover)
 
 
