@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Iterator, Sequence
 
 from recon.tokenizers.bytelevel import piece_to_bytes
-from recon.tokenizers.fast.derive import split_sequence_boundaries
+from recon.tokenizers.fast.derive import matches_no_ascii, split_sequence_boundaries
 from recon.tokenizers.fast.pretokenize import (
     Boundaries,
     boundary_rules,
@@ -114,7 +114,7 @@ class HFTokenizer(Tokenizer):
                 bail.append(t.content)
             else:
                 passes[t.normalized][t.content] = token_id
-        cut = for_huggingface(self._core)
+        cut = for_huggingface(self._core, idle=matches_no_ascii)
         return WordCache(lambda texts: self._encode_batch(texts, allow_special), self.token_lengths, passes, bail,
                          cut=cut, encode_pieces=self._bpe_batch if cut is not None else None)
 

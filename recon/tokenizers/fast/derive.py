@@ -385,3 +385,14 @@ def split_sequence_boundaries(patterns: list[str], every_character: bool = False
     earlier = steps[:-1]
     kind = whitespace_cuts(patterns[-1]) if all(space <= never and not has_end for _, _, never, has_end in earlier) else None
     return _boundaries(pairs, kind, [c for c in ALPHABET if c not in space and all(c in never for _, _, never, _ in earlier)])
+
+
+def matches_no_ascii(pattern: str) -> bool:
+    """Whether ``pattern`` can match nothing in a text of ASCII characters: no atom of it accepts
+    one, and every match takes a character (a pattern that can match the empty text, or that the
+    parser refuses, is not said to)."""
+    try:
+        _, _, never, _ = _analysis(pattern, ALPHABET)
+    except (Refused, regex.error, ValueError, IndexError):
+        return False
+    return never == frozenset(ALPHABET)

@@ -216,15 +216,18 @@ def _hf_patterns(state: dict) -> list[str] | None:
     return None
 
 
-def for_huggingface(core) -> Cut | None:
+def for_huggingface(core, idle: Callable[[str], bool] | None = None) -> Cut | None:
     """The cut of a ``tokenizers.Tokenizer``'s pre-tokenizer, or None if it has a step this module
-    doesn't replay (or none at all)."""
+    doesn't replay (or none at all). ``idle(pattern)``: True for a step that can match nothing in
+    ASCII text (DeepSeek's CJK runs), left out: the cut only ever sees ASCII text."""
     if core.pre_tokenizer is None:
         return None
     try:
         patterns = _hf_patterns(json.loads(core.pre_tokenizer.__getstate__()))
         if not patterns:
             return None
+        if idle is not None:
+            patterns = [p for p in patterns if not idle(p)] or [r"(?s:.)+"]  # (all idle: the text whole)
         if patterns[:2] == ["[0-9]", GPT2_PATTERN]:  # SmolLM2's, and many more: one pass instead of two
             patterns[:2] = [DIGITS_THEN_GPT2]
         return sequence([isolated(p) for p in patterns])
