@@ -83,3 +83,19 @@ def test_encode_with_guesses_is_the_native_encode(deepseek):
         assert all(got is None or got == e for got, e in zip(check.encode(batch, guesses), expected))
 
     agrees()
+
+
+def test_a_step_that_matches_no_ascii_is_left_out_of_the_cut(deepseek):
+    """DeepSeek's CJK step can match nothing in ASCII text, the only text the word cache cuts:
+    without it the cut still gives DeepSeek's own pre-tokens."""
+    from recon.tokenizers.fast.derive import matches_no_ascii
+    from recon.tokenizers.fast.pretokenize import for_huggingface
+
+    patterns = split_patterns(deepseek.core)
+    assert [matches_no_ascii(p) for p in patterns] == [False, True, False]
+    assert not matches_no_ascii(r"[a\u4e00]+") and not matches_no_ascii(r"x*|\u4e00")
+    cut = for_huggingface(deepseek.core, idle=matches_no_ascii)
+    rng = random.Random(29)
+    for _ in range(2000):
+        text = "".join(rng.choice(POOL) for _ in range(rng.randrange(1, 40)))
+        assert cut(text) == pre_tokens(deepseek.core, text), text
