@@ -346,8 +346,8 @@ ALL = ["kimi", "deepseek-v4", "qwen3.6", "cl100k", "smollm2"]
 
 def print_table(rows: list[dict]) -> None:
     """The README's table: one line per tokenizer, every figure from this run."""
-    print(f"\n| tokenizer | records | floor s (2 threads) | recon audit s (whole) | recon/floor | start-up s | "
-          f"past start-up | recon CPU s | exact (= floor) |")
+    print("\n| tokenizer | records | floor s (2 threads) | recon audit s (whole) | recon/floor | start-up s | "
+          "past start-up | recon CPU s | exact (= floor) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         f = r["floor"]
