@@ -273,6 +273,17 @@ def test_search_always_returns_a_candidate_that_spells_the_text(model, bound):
         assert res.error is None and res.ids == rec.output_ids and res.exact is True, rec.id
         body = res.ids[:-1] if rec.response.finish_reason == "stop" else res.ids  # the end token apart
         assert bound.tok.decode(body) == rec.response.content, rec.id
+    # out of scorer calls, it still ends (on what it scored, the canonical ids among it): a hard cap
+    from recon.audit.reconstruct import reconstruct_batch, view_of
+    from recon.recovery.recover import sampling_of
+    from recon.recovery.search import score_ids, search
+
+    rec = held["p010-0"]  # non-canonical, about 60 calls unbounded
+    canonical = reconstruct_batch([view_of(rec, bound)], bound, "concat")[0].ids
+    scorer = LocalScorer(model)
+    found = search(rec.prompt_ids, canonical, Segmenter(bound.tok), scorer, sampling_of(rec, scorer), max_passes=3)
+    assert found.passes == 3 and bound.tok.ids_bytes(found.ids) == bound.tok.ids_bytes(rec.output_ids)
+    assert found.score >= score_ids(rec.prompt_ids, canonical, scorer, sampling_of(rec, scorer)) - 1e-4
 
 
 def test_a_record_whose_search_raises_gets_an_error_and_the_rest_go_on(model, bound, warm, tmp_path):

@@ -274,6 +274,8 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
             jobs.append((ids, score, cont, states, wanted, list(prompt) + list(ids) + cont + [pad]))
         batch = 8 if getattr(scorer, "batches_alternatives", False) else 1
         for g in range(0, len(jobs), batch):
+            if passes and passes >= max_passes:
+                break  # out of passes: the rest stay unscored (and are dropped)
             group = jobs[g : g + batch]
             alts = [j[4] for j in group] if batch > 1 else group[0][4]
             results = scorer([j[5] for j in group], sampling.temperature, alts, **kwargs)
@@ -360,21 +362,23 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
             break
         bar = bound(state)
         best = max(max(s for s, _ in hyps), bar)
-        width = top if passes < max_passes else 1  # out of passes: the best prefix only, scored still
         hyps.sort(key=lambda h: -h[0])
         kept = []
         for s, ids in hyps:
             if ids == draft[: len(ids)]:
                 kept.append((s, ids))  # the canonical ids: scored already, and always a candidate
-            elif s < bar - delta or len(kept) >= width or (kept and _common_suffix(ids, kept[0][1]) >= settle):
+            elif s < bar - delta or len(kept) >= top or (kept and _common_suffix(ids, kept[0][1]) >= settle):
                 drop(ids, s - best)  # too far below, or the same as a better one for ``settle`` tokens now
             else:
                 kept.append((s, ids))
         todo = [(ids, state, s, continuation(state)) for s, ids in kept if ids not in dists]
-        if todo:
+        if todo and passes < max_passes:
             run(todo)
         children = []
         for s, ids in kept:
+            if ids not in dists:  # out of passes (the canonical ids are scored: the beam goes on)
+                drop(ids, s - best)
+                continue
             flushed = text.finished(state)
             targets = [(t, text.step(state, t)) for t in dists[ids]]
             if flushed == end_state:
