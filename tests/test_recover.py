@@ -4,7 +4,6 @@ non-canonical samples, the export policy and the CLI."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 import pytest

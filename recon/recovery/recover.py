@@ -27,7 +27,6 @@ from typing import Iterator, Sequence
 
 from recon.audit.profiles import BoundProfile
 from recon.audit.reconstruct import reconstruct_batch, view_of
-from recon.errors import ReconError
 from recon.recovery.sampling import Sampling
 from recon.recovery.scorers import Scorer
 from recon.recovery.search import Segmenter, search
