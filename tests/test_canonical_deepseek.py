@@ -8,15 +8,12 @@ import json
 import random
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from recon.tokenizers.fast.derive import split_sequence_boundaries
 from recon.tokenizers.fast.pretokenize import ALPHABET, split_patterns
 
-from .test_canonical import pre_tokens, variants
-from .test_canonical_tiktoken import POOL, RUNS, contexts
-from .test_pretokenize import MIXED, PLAIN, SETTINGS
+from .test_canonical import pre_tokens
+from .test_canonical_tiktoken import POOL, RUNS, contexts, guesses_agree
 
 END = "<\uff5cend\u2581of\u2581sentence\uff5c>"
 
@@ -66,23 +63,8 @@ def test_every_derived_cut_holds_in_many_contexts(deepseek):
 
 
 def test_encode_with_guesses_is_the_native_encode(deepseek):
-    tok = deepseek
-
-    @SETTINGS
-    @given(texts=st.lists(st.one_of(PLAIN, MIXED), min_size=1, max_size=6), seed=st.integers(0, 1 << 30))
-    def agrees(texts, seed):
-        rng = random.Random(seed)
-        batch, guesses = [], []
-        for text in texts:
-            for guess in variants(tok, tok.encode(text), rng, END):
-                batch.append(tok.decode(guess) if rng.random() < 0.8 else text)
-                guesses.append(guess if rng.random() < 0.9 else None)
-        expected = [tok.encode(t) for t in batch]
-        assert tok.encode_batch(batch, guesses=guesses) == expected
-        check = tok.canonical_check()
-        assert all(got is None or got == e for got, e in zip(check.encode(batch, guesses), expected))
-
-    agrees()
+    assert END in deepseek.added_by_content
+    guesses_agree(deepseek, END)
 
 
 def test_a_step_that_matches_no_ascii_is_left_out_of_the_cut(deepseek):
