@@ -45,7 +45,26 @@ def test_sglang_openai_chat_through_recon_import_sglang():
     chat = recs["43455fd0ad5743988ea1edbdba20cd3a"]  # SGLang's /v1/chat/completions, not /generate
     assert chat.response.content == "The capital of France is Paris."
     assert (chat.response.finish_reason, chat.response.reasoning_content, chat.response.tool_calls) == ("stop", None, None)
-    assert chat.output_ids is None and chat.meta == {"model": "qwen/qwen2.5-0.5b-instruct", "created": 1772580182}
+    assert chat.output_ids is None
+    assert chat.meta == {"model": "qwen/qwen2.5-0.5b-instruct", "created": 1772580182, "completion_tokens": 8}  # usage
+
+
+def test_the_token_count_servers_report_is_the_count_of_ids_they_sampled():
+    """``usage.completion_tokens`` (``meta_info.completion_tokens`` on SGLang's /generate) is kept in
+    meta, where recovery takes it as the sampled ids' count: checked against every fixture whose
+    engine also recorded the ids (vLLM and SGLang ``token_ids``, SGLang's logprob triples)."""
+    checked = 0
+    for kind, name in [("vllm", "vllm_chat_logprobs.jsonl"), ("vllm", "vllm_completions.jsonl"),
+                       ("sglang", "sglang_chat.jsonl"), ("sglang", "sglang_generate_logprobs.jsonl")]:
+        recs, errors = run(kind, name)
+        for rec in recs.values():
+            if rec.output_ids is not None and "completion_tokens" in rec.meta:
+                assert rec.meta["completion_tokens"] == len(rec.output_ids), (name, rec.id)
+                checked += 1
+    assert checked >= 5
+    many = from_chat_completion({"choices": [{"index": i, "message": {"content": "a"}, "finish_reason": "stop"} for i in (0, 1)],
+                                 "usage": {"completion_tokens": 7}})
+    assert all("completion_tokens" not in r.get("meta", {}) for r in many)  # with n > 1 the count is the choices' sum
 
 
 def test_sglang_chat_tool_calls_reasoning_and_token_ids_on_the_choice(tokenizers):

@@ -193,7 +193,8 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
             continue
         sampling = sampling_of(rec, scorer, temperature)
         try:
-            ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead)
+            ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead,
+                                                     length=token_count(rec))
         except Exception as exc:  # one record's failure, not the run's: it gets an error, the rest go on
             base.error = search_failed(rec.id, exc)
             yield base
@@ -201,6 +202,23 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
         base.ids, base.confidence, base.choices, base.passes = ids, conf, choices, passes
         base.exact = None if truth is None else ids == truth
         yield base
+
+
+def token_count(rec: Record) -> int | None:
+    """How many ids the model sampled, where the record says: ``meta["completion_tokens"]`` (an
+    API's ``usage.completion_tokens``, which the importers keep), else ``meta["max_new_tokens"]``
+    (or ``max_tokens``) for a response cut at that limit (``finish_reason`` "length")."""
+    meta = rec.meta if isinstance(rec.meta, dict) else {}
+
+    def count(key):
+        value = meta.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    if count("completion_tokens") is not None:
+        return count("completion_tokens")
+    if rec.response is not None and rec.response.finish_reason == "length":
+        return count("max_new_tokens") or count("max_tokens")
+    return None
 
 
 def search_failed(rid: str, exc: BaseException, what: str = "the search") -> str:

@@ -40,10 +40,11 @@ class Scorer(Protocol):
 class LocalScorer:
     """The local model (:class:`recon.recovery.model.LocalModel`) scoring in-process.
 
-    Recovery scores many sequences that share a long prefix with one scored alone before (a
-    draft cut at position k, the windows after k). The model's key/value caches of the last
-    ``keep_caches`` sequences scored alone are kept, and a call starts from the one sharing the
-    longest prefix, so only the tokens after it are run again.
+    Recovery scores many sequences that share long prefixes. Every position run is kept in a
+    :class:`~recon.recovery.prefix_tree.PrefixTree` (keys, values and the distribution after it),
+    so a call runs only the positions no earlier call ran, all of them in one forward pass. The
+    tree is dropped when the sampling changes, or before a call once it holds more than
+    ``max_nodes`` positions (about 46 KB each for SmolLM2-135M).
 
     ``sampling`` (a :class:`~recon.recovery.sampling.Sampling`, an optional keyword beyond the
     :class:`Scorer` protocol, announced by ``truncates = True``) scores under the sampler's own
@@ -53,104 +54,30 @@ class LocalScorer:
     truncates = True
     #: ``alternatives`` may be a list, one dict per sequence (beyond the protocol's single dict)
     batches_alternatives = True
+    #: sequences per call from the search: all of them (new positions run together, in chunks)
+    batch = 1 << 30
 
-    def __init__(self, model, top_k: int = 64, min_shared: int = 8, keep_caches: int = 6):
-        self.model, self.top_k, self.min_shared, self.keep_caches = model, top_k, min_shared, keep_caches
-        self._caches: list[tuple[list[int], object, SequenceLogprobs, object]] = []  # most recent last
+    def __init__(self, model, top_k: int = 64, max_nodes: int = 20_000):
+        self.model, self.top_k, self.max_nodes = model, top_k, max_nodes
+        self._tree = None
 
     def __call__(self, sequences, temperature=1.0, alternatives=None, sampling=None):
+        from recon.recovery.prefix_tree import PrefixTree
         from recon.recovery.sampling import Sampling
 
         sampling = sampling or Sampling(temperature)
         seqs = [list(map(int, s)) for s in sequences]
-        shared, base = 0, None
-        asked = [p for alt in (alternatives if isinstance(alternatives, list) else [alternatives or {}]) for p in alt]
-        for entry in self._caches if seqs else ():
-            if entry[1] != sampling:
-                continue
-            common = min(min(_common_prefix(entry[0], s) for s in seqs), min(map(len, seqs)) - 1,
-                         min(asked or [len(seqs[0])]))  # positions asked about are run again
-            if common >= shared:
-                shared, base = common, entry
-        if shared < self.min_shared:
-            if len(seqs) != 1 and not sampling.truncates and not asked:
-                return self.model.token_logprobs(seqs, top_k=self.top_k, temperature=sampling.temperature)
-            shared, base = 0, None
         if not isinstance(alternatives, list):
             alternatives = [alternatives or {}] if len(seqs) == 1 else [{} for _ in seqs]
-        return self._extend(seqs, shared, base, sampling, alternatives)
-
-    def _extend(self, seqs: list[list[int]], shared: int, base, sampling,
-                alternatives: list[dict[int, list[int]]]) -> list[SequenceLogprobs]:
-        """Score ``seqs`` (all starting with ``base``'s first ``shared`` tokens) from its cache."""
-        import copy
-
-        torch = self.model.torch
-        model = self.model.model
-        keep = max(shared - 1, 0)  # cached positions reused; position ``keep`` is run again for its logits
-        width = max(len(s) for s in seqs) - keep
-        rows = [s[keep:] + [self.model.pad_id] * (width - len(s) + keep) for s in seqs]
-        mask = torch.tensor([[1] * keep + [1] * (len(s) - keep) + [0] * (width - len(s) + keep) for s in seqs])
-        cache = None
-        if keep:
-            cache = copy.deepcopy(base[3])
-            if cache.get_seq_length() > keep:
-                cache.crop(keep - cache.get_seq_length())  # negative: tokens to drop (every transformers 5.x)
-            if len(seqs) > 1:
-                cache.batch_repeat_interleave(len(seqs))
-        else:
-            from transformers import DynamicCache
-
-            cache = DynamicCache()
-        with torch.inference_mode():
-            out = model(input_ids=torch.tensor(rows), attention_mask=mask, use_cache=True, **{self._cache_arg: cache})
-            logp = sampling.log_probs(out.logits[:, :-1])
-            target = torch.tensor(rows)[:, 1:].unsqueeze(-1)
-            picked = logp.gather(-1, target)
-            ranks = ((logp > picked).sum(-1) + 1).tolist()
-            chosen = picked.squeeze(-1).tolist()
-            values, indices = logp.topk(self.top_k, dim=-1)
-            values = values.tolist()
-            indices = indices.tolist()
-            extras = []
-            for r, alt in enumerate(alternatives):  # sampled tokens are often far outside the top-k: ask for them by id
-                extra = {}
-                for pos, ids in alt.items():
-                    j = pos - keep - 1
-                    if 0 <= j < len(seqs[r]) - keep - 1 and ids:
-                        extra[j] = list(zip(ids, logp[r, j, ids].tolist()))
-                extras.append(extra)
-        results = []
-        for r, s in enumerate(seqs):
-            m = len(s) - keep - 1  # new positions keep+1 .. len(s)-1
-            if keep:
-                old = base[2]
-                lps, rks, tops = old.logprobs[: keep + 1], old.ranks[: keep + 1], old.top[: keep + 1]
-            else:
-                lps, rks, tops = [None], [None], [[]]
-            new_top = [list(zip(a, b)) for a, b in zip(indices[r][:m], values[r][:m])]
-            for j, pairs in extras[r].items():
-                new_top[j] = new_top[j] + pairs
-            results.append(SequenceLogprobs(lps + chosen[r][:m], rks + ranks[r][:m], tops + new_top))
-        if len(seqs) == 1:
-            self._caches = [e for e in self._caches if e[0] != seqs[0]][-(self.keep_caches - 1):] + [
-                (seqs[0], sampling, results[0], cache)]
-        return results
+        tree = self._tree
+        if tree is None or tree.sampling != sampling or len(tree) > self.max_nodes:
+            tree = self._tree = PrefixTree(self.model, sampling, self.top_k)
+        return tree.score(seqs, alternatives)
 
     @property
-    def _cache_arg(self) -> str:
-        """transformers renamed ``past_key_values`` to ``cache`` during 5.x."""
-        import inspect
-
-        return "cache" if "cache" in inspect.signature(self.model.model.forward).parameters else "past_key_values"
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    def tokens_run(self) -> int:
+        """Positions run through the model by the current tree (for benchmarks)."""
+        return self._tree.tokens_run if self._tree is not None else 0
 
 
 def make_scorer(spec: str, tok: Tokenizer, *, model: str = "smollm2", threads: int | None = None, top_k: int | None = None,

@@ -151,6 +151,24 @@ class Text:
             covered[max(w - r, 0) : min(w + 3 + r, n)] = b"\x01" * (min(w + 3 + r, n) - max(w - r, 0))
         return [p for p in range(n + 1) if not covered[p] and self.starts[p] == p]
 
+    def fewest_to_end(self) -> list[int] | None:
+        """Per byte offset, the fewest tokens that spell the rest of the text (None where U+FFFD
+        stands for lost bytes: there any bytes may stand, and no count is certain)."""
+        if self.lost:
+            return None
+        data, n, seg = self.data, len(self.data), self.seg
+        fewest = [n + 1] * (n + 1)
+        fewest[n] = 0
+        for p in range(n - 1, -1, -1):
+            fixed = self.fixed_at.get(p)
+            if fixed is not None:
+                fewest[p] = 1 + fewest[p + len(seg.token_bytes[fixed])]
+                continue
+            for length in range(1, min(seg.max_len, self.seg_end[p] - p) + 1):
+                if data[p : p + length] in seg.ordinary:
+                    fewest[p] = min(fewest[p], 1 + fewest[p + length])
+        return fewest
+
     def state(self, p: int) -> tuple[int, bytes]:
         """The state at byte offset ``p`` of the canonical bytes."""
         c = self.starts[p] if p < len(self.data) else p
@@ -240,9 +258,23 @@ class SearchResult:
 
 
 def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
-           delta: float = 2.0, top: int = 4, horizon: int = 16, settle: int = 12, max_passes: int = 600) -> SearchResult:
-    """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``."""
+           delta: float = 2.0, top: int = 4, horizon: int = 8, settle: int = 12, max_passes: int = 600,
+           rejoin: int = 1, length: int | None = None) -> SearchResult:
+    """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
+    with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
+    or ``max_tokens`` for a sample cut at it): a prefix that cannot end with that many is impossible."""
     text = Text(seg, canonical)
+    fewest = text.fewest_to_end() if length is not None else None
+
+    def feasible(k: int, state) -> bool:
+        """Whether a prefix of ``k`` ids in ``state`` can still end with exactly ``length`` ids:
+        the rest needs at least ``fewest`` of them and at most one per byte."""
+        if length is None:
+            return True
+        c, pend = state
+        p = c + len(pend) if text.data.startswith(pend, c) else c
+        left = length - k
+        return left >= 0 and (fewest is None or fewest[p] <= left <= len(text.data) - p)
     n, pad = len(prompt), canonical[-1] if canonical else 0
     end_state = (len(text.data), b"")
     dists: dict[tuple[int, ...], dict[int, float]] = {}
@@ -273,6 +305,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
             wanted = {n + len(ids) + j: text.candidates(x) for j, x in enumerate(states)}
             jobs.append((ids, score, cont, states, wanted, list(prompt) + list(ids) + cont + [pad]))
         batch = 8 if getattr(scorer, "batches_alternatives", False) else 1
+        batch = getattr(scorer, "batch", None) or batch  # the local scorer takes every job in one call
         for g in range(0, len(jobs), batch):
             if passes and passes >= max_passes:
                 break  # out of passes: the rest stay unscored (and are dropped)
@@ -289,7 +322,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                     if j < len(cont):
                         score += lps.get(cont[j], -math.inf)
                         prefix = prefix + (cont[j],)
-                        if score > -math.inf:
+                        if score > -math.inf and feasible(len(prefix), states[j + 1]):
                             known = ref.setdefault(states[j + 1], [])
                             if len(known) < REF or score > known[-1][0]:
                                 known.append((score, prefix))
@@ -297,8 +330,10 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                                 del known[REF:]
 
     def drop(ids, rel) -> None:
-        """``ids`` is searched no further (a rival for the confidence), nor is any path through it."""
-        rivals.append((ids, rel))
+        """``ids`` is searched no further (a rival for the confidence unless ``rel`` is None:
+        impossible), nor is any path through it."""
+        if rel is not None:
+            rivals.append((ids, rel))
         node = dead
         for t in ids:
             node = node.setdefault(t, {})
@@ -339,9 +374,23 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         for j, t in enumerate(out[len(refill):], len(refill)):
             q += len(seg.token_bytes[t])
             anchors += (q, b"") in anchor_states
-            if anchors >= 2:
+            if anchors >= rejoin:
                 break
         return out[: j + 1]
+
+    def ahead() -> list:
+        """The unscored prefixes waiting in later states that their state would keep as things
+        stand (within ``delta`` of the bound, among its ``top``): scored in the same pass as the
+        state at hand, since most are, and a pass costs the same for one more prefix."""
+        out = []
+        for st, hyps in beams.items():
+            if st == end_state:
+                continue
+            bar = bound(st) - delta
+            for sc, ids in sorted(hyps, key=lambda h: -h[0])[:top]:
+                if sc >= bar and ids not in dists and alive(ids):
+                    out.append((ids, st, sc, continuation(st)))
+        return out
 
     start, draft = (0, b""), tuple(canonical)
     anchor_states = {(a, b"") for a in text.anchors}
@@ -358,14 +407,16 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         if not hyps:
             continue
         if state == end_state:
-            done = hyps
+            done = [h for h in hyps if length is None or len(h[1]) == length]
             break
         bar = bound(state)
         best = max(max(s for s, _ in hyps), bar)
         hyps.sort(key=lambda h: -h[0])
         kept = []
         for s, ids in hyps:
-            if ids == draft[: len(ids)]:
+            if not feasible(len(ids), state):
+                drop(ids, None)  # impossible: searched no further, and no rival
+            elif ids == draft[: len(ids)]:
                 kept.append((s, ids))  # the canonical ids: scored already, and always a candidate
             elif s < bar - delta or len(kept) >= top or (kept and _common_suffix(ids, kept[0][1]) >= settle):
                 drop(ids, s - best)  # too far below, or the same as a better one for ``settle`` tokens now
@@ -373,7 +424,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                 kept.append((s, ids))
         todo = [(ids, state, s, continuation(state)) for s, ids in kept if ids not in dists]
         if todo and passes < max_passes:
-            run(todo)
+            run(todo + ahead())  # one pass for this state and every prefix ahead likely to be kept
         children = []
         for s, ids in kept:
             if ids not in dists:  # out of passes (the canonical ids are scored: the beam goes on)
@@ -389,19 +440,20 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                 child = (s + dists[ids][t], ids + (t,)) if t is not None else (s, ids)
                 if child[0] == -math.inf:
                     continue
+                if not feasible(len(child[1]), nxt):
+                    drop(child[1], None)
+                    continue
                 children.append((nxt, child))
-        # score the children off every known path together, before they are met again (one batch)
-        fresh = [(ids, nxt, sc, continuation(nxt)) for nxt, (sc, ids) in children
-                 if ids not in dists and nxt != end_state and sc >= bound(nxt) - delta]
-        if fresh and passes < max_passes:
-            run(fresh)
         for nxt, child in children:
             if nxt not in beams:
                 beams[nxt] = []
                 heapq.heappush(order, (nxt[0], len(nxt[1]), nxt[1]))
             beams[nxt].append(child)
     if not done:
-        raise ReconError("no candidate spells the text (a bug, or every cut was truncated away)")
+        if length is not None and not feasible(0, start):
+            raise ReconError(f"the text cannot be spelled in exactly {length} ids (the count the record gives)")
+        raise ReconError("no candidate spells the text" + (f" in {length} ids within {max_passes} scorer calls" if length is not None
+                         else " (a bug, or every cut was truncated away)"))
     done.sort(key=lambda h: -h[0])
     score, ids = done[0]
     rivals = [(i, s - score) for s, i in done[1:]] + rivals

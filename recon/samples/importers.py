@@ -127,6 +127,9 @@ def from_chat_completion(obj: dict, rid: Any = None) -> list[dict]:
         if prompt is not None:
             rec["prompt_ids"] = prompt
         meta = {key: obj[key] for key in ("model", "created") if key in obj}
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        if len(choices) == 1 and _count(usage.get("completion_tokens")) is not None:
+            meta["completion_tokens"] = usage["completion_tokens"]  # per request: with n > 1 a sum
         if meta:
             rec["meta"] = meta
         out.append(rec)
@@ -164,7 +167,14 @@ def from_sglang(obj: dict, rid: Any = None) -> list[dict]:
     }
     if ids is not None:
         rec["output_ids"] = ids
+    if _count(meta_info.get("completion_tokens")) is not None:
+        rec["meta"] = {"completion_tokens": meta_info["completion_tokens"]}
     return [rec]
+
+
+def _count(value: Any) -> int | None:
+    """A token count as servers report it (``usage.completion_tokens``): recovery's length constraint."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 # -- streams: chat.completion.chunk lines joined into the completion they make ------------------------
