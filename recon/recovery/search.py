@@ -25,8 +25,13 @@ it came from is searched (else two prefixes could each be dropped against the ot
 would be left), and the canonical ids are never dropped (scored in the first pass; the answer
 scores at least as high).
 Prefixes are scored speculatively: a pass runs a prefix plus the draft's continuation (the
-canonical ids, or the fewest tokens back to them), which gives the distribution after every prefix
-along it; only a prefix off every scored path costs a pass of its own.
+canonical ids, or the fewest tokens back to them, to the first anchor past the rejoin), which
+gives the distribution after every prefix along it; the prefixes waiting ahead that their state
+would keep go into the same pass (with the local scorer's prefix tree a pass costs the positions
+never run before, and one forward pass).
+
+**The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
+cannot end with exactly that many ids is impossible: dropped, and no rival.
 
 **Confidence** is the returned sequence's share of probability among every candidate: the
 complete ones found, and each dropped prefix counted as if it went on as well as the best does.
@@ -47,6 +52,10 @@ from recon.tokenizers.tokenizer import Tokenizer
 FFFD = "\ufffd".encode()
 #: scores kept per state for the bound (the best live one counts)
 REF = 4
+#: with a count, the extra ids a prefix is taken to spend before the next anchor when choosing its
+#: rivals (up to one a byte would be exact; held-out p029-1 at t=0.7 needs 1, which costs ~3x the
+#: passes of 0 at t=1.3, and more buys little there)
+SPEND = 1
 
 
 class Segmenter:
@@ -323,7 +332,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                         score += lps.get(cont[j], -math.inf)
                         prefix = prefix + (cont[j],)
                         if score > -math.inf and feasible(len(prefix), states[j + 1]):
-                            known = ref.setdefault(states[j + 1], [])
+                            known = ref.setdefault(ref_key(states[j + 1], len(prefix)), [])
                             if len(known) < REF or score > known[-1][0]:
                                 known.append((score, prefix))
                                 known.sort(key=lambda e: -e[0])
@@ -347,11 +356,30 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                 return node is None
         return True
 
-    def bound(state) -> float:
-        """The best score a path still searched is known to reach at the next anchor past ``state``."""
+    def ref_key(state, k: int):
+        """Where a scored prefix is a bound: its state, and with a count, how many more ids than
+        the fewest it must still spend (two prefixes are rivals only if the other has spent as many)."""
+        if fewest is None or state[1]:
+            return state
+        return state, length - k - fewest[state[0]]
+
+    def bound(state, k: int = 0) -> float:
+        """The best score a path still searched is known to reach at the next anchor past ``state``.
+
+        With a count, only paths that reach it having spent at least as many ids beyond the fewest
+        as this prefix of ``k`` ids can count: one that spent fewer must still spend them (a cut
+        costs nats), so it bounds nothing. This prefix may spend up to one id per byte before the
+        anchor, so the paths that count are those that spent that much too."""
         c, pend = state
-        anchor = text.next_anchor(c + len(pend) if text.data.startswith(pend, c) else c)
-        return next((sc for sc, path in ref.get((anchor, b""), ()) if alive(path)), -math.inf)
+        p = c + len(pend) if text.data.startswith(pend, c) else c
+        anchor = text.next_anchor(p)
+        at = (anchor, b"")
+        if fewest is None:
+            return next((sc for sc, path in ref.get(at, ()) if alive(path)), -math.inf)
+        spare = length - k - fewest[p]  # ids beyond the fewest still to spend, if it goes the fewest way
+        least = spare - min((anchor - p) - (fewest[p] - fewest[anchor]), SPEND)  # if it spends more ids to the anchor
+        return max((next((sc for sc, path in ref.get((at, e), ()) if alive(path)), -math.inf) for e in range(0, least + 1)),
+                   default=-math.inf)
 
     def continuation(state) -> list[int]:
         c, pend = state
@@ -386,9 +414,8 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         for st, hyps in beams.items():
             if st == end_state:
                 continue
-            bar = bound(st) - delta
             for sc, ids in sorted(hyps, key=lambda h: -h[0])[:top]:
-                if sc >= bar and ids not in dists and alive(ids):
+                if sc >= bound(st, len(ids)) - delta and ids not in dists and alive(ids):
                     out.append((ids, st, sc, continuation(st)))
         return out
 
@@ -409,19 +436,24 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         if state == end_state:
             done = [h for h in hyps if length is None or len(h[1]) == length]
             break
-        bar = bound(state)
+        bars = {len(ids): bound(state, len(ids)) for _, ids in hyps} if length is not None else {}
+        bar = bound(state) if length is None else max(bars.values())
         best = max(max(s for s, _ in hyps), bar)
         hyps.sort(key=lambda h: -h[0])
         kept = []
+        peers: dict[int | None, list] = {}  # with a count, prefixes of other lengths are not rivals here
         for s, ids in hyps:
+            same = peers.setdefault(None if length is None else len(ids), [])
             if not feasible(len(ids), state):
                 drop(ids, None)  # impossible: searched no further, and no rival
             elif ids == draft[: len(ids)]:
                 kept.append((s, ids))  # the canonical ids: scored already, and always a candidate
-            elif s < bar - delta or len(kept) >= top or (kept and _common_suffix(ids, kept[0][1]) >= settle):
+                same.append(ids)
+            elif s < bars.get(len(ids), bar) - delta or len(same) >= top or (same and _common_suffix(ids, same[0]) >= settle):
                 drop(ids, s - best)  # too far below, or the same as a better one for ``settle`` tokens now
             else:
                 kept.append((s, ids))
+                same.append(ids)
         todo = [(ids, state, s, continuation(state)) for s, ids in kept if ids not in dists]
         if todo and passes < max_passes:
             run(todo + ahead())  # one pass for this state and every prefix ahead likely to be kept
