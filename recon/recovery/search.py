@@ -31,7 +31,9 @@ would keep go into the same pass (with the local scorer's prefix tree a pass cos
 never run before, and one forward pass).
 
 **The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
-cannot end with exactly that many ids is impossible: dropped, and no rival.
+cannot end with exactly that many ids is impossible: dropped, and no rival. And prefixes are
+rivals only within the ids they must still spend beyond the fewest that spell the rest (one that
+has spent fewer pays for it later), see :func:`search`'s ``bound``.
 
 **Confidence** is the returned sequence's share of probability among every candidate: the
 complete ones found, and each dropped prefix counted as if it went on as well as the best does.
@@ -377,7 +379,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         if fewest is None:
             return next((sc for sc, path in ref.get(at, ()) if alive(path)), -math.inf)
         spare = length - k - fewest[p]  # ids beyond the fewest still to spend, if it goes the fewest way
-        least = spare - min((anchor - p) - (fewest[p] - fewest[anchor]), SPEND)  # if it spends more ids to the anchor
+        least = spare - min((anchor - p) - (fewest[p] - fewest[anchor]), SPEND, spare)  # if it spends more ids to the anchor
         return max((next((sc for sc, path in ref.get((at, e), ()) if alive(path)), -math.inf) for e in range(0, least + 1)),
                    default=-math.inf)
 
