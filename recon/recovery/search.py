@@ -54,10 +54,6 @@ from recon.tokenizers.tokenizer import Tokenizer
 FFFD = "\ufffd".encode()
 #: scores kept per state for the bound (the best live one counts)
 REF = 4
-#: with a count, the extra ids a prefix is taken to spend before the next anchor when choosing its
-#: rivals (up to one a byte would be exact; held-out p029-1 at t=0.7 needs 1, which costs ~3x the
-#: passes of 0 at t=1.3, and more buys little there)
-SPEND = 1
 
 
 class Segmenter:
@@ -180,6 +176,22 @@ class Text:
                     fewest[p] = min(fewest[p], 1 + fewest[p + length])
         return fewest
 
+    def canonical_rest(self, draft_at: dict[int, int]) -> list[int]:
+        """Per byte offset, how many ids spell the rest of the text as the canonical ids do: theirs
+        from each of their boundaries, plus the fewest ordinary tokens from inside one of them to its end."""
+        n, seg = len(self.data), self.seg
+        k_end = draft_at[n]
+        rest, nxt = [0] * (n + 1), n
+        for p in range(n, -1, -1):
+            if p in draft_at:
+                rest[p], nxt = k_end - draft_at[p], p
+                continue
+            try:
+                rest[p] = len(seg.fewest(self.data[p:nxt])) + rest[nxt]
+            except ReconError:  # inside a special token: no state is there
+                rest[p] = rest[nxt] + 1
+        return rest
+
     def state(self, p: int) -> tuple[int, bytes]:
         """The state at byte offset ``p`` of the canonical bytes."""
         c = self.starts[p] if p < len(self.data) else p
@@ -298,6 +310,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         draft_at[pos] = k
         pos += len(seg.token_bytes[i])
     draft_at[pos] = len(canonical)
+    rest = text.canonical_rest(draft_at) if fewest is not None else None
     passes = 0
     kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
 
@@ -359,28 +372,27 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         return True
 
     def ref_key(state, k: int):
-        """Where a scored prefix is a bound: its state, and with a count, how many more ids than
-        the fewest it must still spend (two prefixes are rivals only if the other has spent as many)."""
-        if fewest is None or state[1]:
+        """Where a scored prefix is a bound: its state, and with a count, how far its count is from
+        ending as the canonical ids do (two prefixes are rivals only if the other is no farther)."""
+        if rest is None or state[1]:
             return state
-        return state, length - k - fewest[state[0]]
+        return state, length - k - rest[state[0]]
 
     def bound(state, k: int = 0) -> float:
         """The best score a path still searched is known to reach at the next anchor past ``state``.
 
-        With a count, only paths that reach it having spent at least as many ids beyond the fewest
-        as this prefix of ``k`` ids can count: one that spent fewer must still spend them (a cut
-        costs nats), so it bounds nothing. This prefix may spend up to one id per byte before the
-        anchor, so the paths that count are those that spent that much too."""
+        With a count, only paths that reach it needing no more cuts away from the canonical ids
+        than this prefix of ``k`` ids does count (``need``: the sampled count, less its ids, less the
+        canonical ids of the rest): one that still needs more must pay for them later (a cut off the
+        canonical costs nats), so its lead now bounds nothing."""
         c, pend = state
         p = c + len(pend) if text.data.startswith(pend, c) else c
         anchor = text.next_anchor(p)
         at = (anchor, b"")
-        if fewest is None:
+        if rest is None:
             return next((sc for sc, path in ref.get(at, ()) if alive(path)), -math.inf)
-        spare = length - k - fewest[p]  # ids beyond the fewest still to spend, if it goes the fewest way
-        least = spare - min((anchor - p) - (fewest[p] - fewest[anchor]), SPEND, spare)  # if it spends more ids to the anchor
-        return max((next((sc for sc, path in ref.get((at, e), ()) if alive(path)), -math.inf) for e in range(0, least + 1)),
+        need = abs(length - k - rest[p])  # the same at the anchor if it goes on as the canonical ids do
+        return max((next((sc for sc, path in ref.get((at, e), ()) if alive(path)), -math.inf) for e in range(-need, need + 1)),
                    default=-math.inf)
 
     def continuation(state) -> list[int]:
