@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recon.samples.importers import from_chat_completion, from_sglang, iter_import, pair_files, to_openai_chat, to_sglang, to_vllm_chat
+from recon.samples.importers import from_chat_completion, from_sglang, iter_import, pair_files
+from recon.samples.render import to_openai_chat, to_sglang, to_vllm_chat
 from recon.samples.io import RecordError
 from recon.samples.records import Record, parse_record, read_records, write_records
 

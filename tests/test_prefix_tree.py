@@ -56,7 +56,8 @@ def branches(hot, tokenizers):
 def test_the_tree_scores_every_sequence_as_the_model_alone_does(model, hot, tokenizers, sampling):
     """Sequences from several branches, over two calls, scored through one tree: each token's
     logprob, the top-k and an alternative asked for later equal one plain pass over that sequence;
-    every position runs once (the second call runs only what is new, a third call nothing)."""
+    every position runs once (the second call runs only what is new, a third call nothing, an id
+    asked for later at a position already run no layer but the last)."""
     from recon.recovery.scorers import LocalScorer
 
     seqs = branches(hot, tokenizers)
@@ -82,7 +83,7 @@ def test_the_tree_scores_every_sequence_as_the_model_alone_does(model, hot, toke
     rare = int(alone(model, seq, sampling)[i - 1].argsort()[100])  # far outside the top-5
     asked = scorer([seq], alternatives={i: [rare]}, sampling=sampling)[0]
     assert dict(asked.top[i])[rare] == pytest.approx(float(alone(model, seq, sampling)[i - 1, rare]), abs=1e-4)
-    assert scorer.tokens_run == len(distinct) + 1  # that one position again, for the id it lacked
+    assert scorer.tokens_run == len(distinct)  # no position run again: the output layer on its kept hidden state
 
 
 def test_the_token_count_a_record_gives():

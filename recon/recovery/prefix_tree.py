@@ -10,6 +10,11 @@ A batch of new nodes, from any branches, runs in one forward pass: each attends 
 ancestors only (a tree attention mask, as speculative decoding verifies a tree of drafts), at the
 position of its depth, so its keys, values and logits are those of its own sequence run alone
 (up to float rounding, as with any batching). No row is padded and no cache is copied.
+
+A node also keeps its last hidden state, so an id asked for later at a position already run (a
+token re-cut in two, another sample's divergence) costs one row of the output layer, not a pass
+through every layer again. Where the logits are not the output layer of that state (a soft cap,
+a logit scale), the node runs again instead.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ class PrefixTree:
     """The nodes run so far for one sampling distribution (:class:`~recon.recovery.sampling.Sampling`).
 
     Per node: its parent, token and depth (its position in every sequence through it); once run,
-    its keys and values in every layer (slot = node index) and the logprobs at the next position
-    of the ``top_k`` most likely tokens and of every token asked for there.
+    its keys and values in every layer and its last hidden state (slot = node index), the
+    ``top_k`` most likely tokens at the next position, and the logprob of every token asked for there.
     """
 
     def __init__(self, model, sampling, top_k: int):
@@ -40,10 +45,17 @@ class PrefixTree:
         self.children: dict[tuple[int, int], int] = {}
         #: per node: {token: logprob at the next position} once run, else None
         self.dist: list[dict[int, float] | None] = []
+        #: per node: the ``top_k`` (token, logprob) at the next position, most likely first
+        self.top: list[list[tuple[int, float]]] = []
         #: per node: {token: 1-based rank at the next position} for the tokens that followed it when run
         self.rank: list[dict[int, int]] = []
         self.keys: list = []  # per layer: [kv heads, capacity, head dim]
         self.values: list = []
+        net = model.model
+        config = getattr(net, "config", None)
+        #: the logits are the output layer of the last hidden state (as LlamaForCausalLM computes them)
+        self.plain_head = not (getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None))
+        self.hidden = None  # [capacity, hidden size], slot = node index
         self.tokens_run = 0
 
     def __len__(self) -> int:
@@ -61,6 +73,7 @@ class PrefixTree:
                 self.token.append(t)
                 self.depth.append(len(out))
                 self.dist.append(None)
+                self.top.append([])
                 self.rank.append({})
             out.append(child)
             node = child
@@ -79,21 +92,25 @@ class PrefixTree:
                 nexts.setdefault(node, set()).add(s[i])
                 if alt.get(i):
                     asked[node].update(alt[i])
-        todo = [node for node, ids in asked.items() if self.dist[node] is None or not ids <= self.dist[node].keys()]
+        missing = [node for node, ids in asked.items() if self.dist[node] is None or not ids <= self.dist[node].keys()]
+        again = [n for n in missing if self.dist[n] is not None and self.plain_head]
+        todo = [n for n in missing if self.dist[n] is None or not self.plain_head]
         todo.sort(key=self.depth.__getitem__)  # parents first: a chunk's parents are run or in it
         for k in range(0, len(todo), CHUNK):
             self._run(todo[k : k + CHUNK], asked, nexts)
+        for k in range(0, len(again), CHUNK):
+            self._head(again[k : k + CHUNK], asked, nexts)
         out = []
-        for s, path in zip(seqs, paths):
+        for s, path, alt in zip(seqs, paths, alternatives):
             lps: list[float | None] = [None]
             rks: list[int | None] = [None]
-            tops: list = [[]]
+            tops: list = [None]
             for i in range(1, len(s)):
-                d = self.dist[path[i - 1]]
-                lps.append(d[s[i]])
-                rks.append(self.rank[path[i - 1]].get(s[i]))
-                tops.append(d)
-            out.append(SequenceLogprobs(lps, rks, _Pairs(tops)))
+                node = path[i - 1]
+                lps.append(self.dist[node][s[i]])
+                rks.append(self.rank[node].get(s[i]))
+                tops.append((node, alt.get(i) or ()))
+            out.append(SequenceLogprobs(lps, rks, _Pairs(self, tops)))
         return out
 
     def _run(self, nodes: list[int], asked: dict[int, set[int]], nexts: dict[int, set[int]]) -> None:
@@ -130,22 +147,51 @@ class PrefixTree:
                 cache.update(k[:, idx].unsqueeze(0), v[:, idx].unsqueeze(0), layer)
         ids = torch.tensor([[self.token[n] for n in nodes]])
         pos = torch.tensor([[self.depth[n] for n in nodes]])
+        net = model.base_model if self.plain_head else model
         with torch.inference_mode():
-            out = model(input_ids=ids, position_ids=pos, attention_mask=torch.from_numpy(mask)[None, None],
-                        use_cache=True, **{_cache_arg(model): cache})
+            out = net(input_ids=ids, position_ids=pos, attention_mask=torch.from_numpy(mask)[None, None],
+                      use_cache=True, **{_cache_arg(net): cache})
             self._store(cache, p, new)
-            logp = self.sampling.log_probs(out.logits[0])
+            if self.plain_head:
+                hidden = out.last_hidden_state[0]
+                self._keep_hidden(hidden, new)
+                logits = model.get_output_embeddings()(hidden)
+            else:
+                logits = out.logits[0]
+            self._read(nodes, self.sampling.log_probs(logits), asked, nexts, fresh=True)
+        self.tokens_run += m
+
+    def _head(self, nodes: list[int], asked: dict[int, set[int]], nexts: dict[int, set[int]]) -> None:
+        """Ids asked for at nodes already run: the output layer on their kept hidden states, no pass."""
+        torch = self.model.torch
+        with torch.inference_mode():
+            logits = self.model.model.get_output_embeddings()(self.hidden[torch.tensor(nodes)])
+            self._read(nodes, self.sampling.log_probs(logits), asked, nexts, fresh=False)
+
+    def _read(self, nodes: list[int], logp, asked, nexts, fresh: bool) -> None:
+        """Keep, per node (row of ``logp``), the top-k, the asked ids' logprobs and the ranks of the tokens that follow it."""
+        if fresh:
             values, indices = logp.topk(min(self.top_k, logp.shape[-1]), dim=-1)
             values, indices = values.tolist(), indices.tolist()
-            for r, node in enumerate(nodes):
-                wanted = sorted(asked[node])
-                d = dict(zip(indices[r], values[r]))
-                d.update(zip(wanted, logp[r, wanted].tolist()))
-                self.dist[node] = d
-                follow = sorted(nexts[node])
-                lp = logp[r, follow]
-                self.rank[node].update(zip(follow, ((logp[r][None, :] > lp[:, None]).sum(-1) + 1).tolist()))
-        self.tokens_run += m
+        for r, node in enumerate(nodes):
+            if fresh:
+                self.top[node] = list(zip(indices[r], values[r]))
+                self.dist[node] = dict(self.top[node])
+            wanted = sorted(asked[node] - self.dist[node].keys())  # a value once kept stays as it was
+            self.dist[node].update(zip(wanted, logp[r, wanted].tolist()))
+            follow = sorted(nexts[node] - self.rank[node].keys())
+            lp = logp[r, follow]
+            self.rank[node].update(zip(follow, ((logp[r][None, :] > lp[:, None]).sum(-1) + 1).tolist()))
+
+    def _keep_hidden(self, hidden, new: np.ndarray) -> None:
+        torch = self.model.torch
+        need = int(new.max()) + 1
+        if self.hidden is None:
+            self.hidden = hidden.new_empty((max(need, 1024), hidden.shape[-1]))
+        elif self.hidden.shape[0] < need:
+            grow = max(need, 2 * self.hidden.shape[0])
+            self.hidden = torch.cat([self.hidden, hidden.new_empty((grow - self.hidden.shape[0], hidden.shape[-1]))])
+        self.hidden[torch.from_numpy(new)] = hidden
 
     def _store(self, cache, p: int, new: np.ndarray) -> None:
         torch = self.model.torch
@@ -165,14 +211,26 @@ class PrefixTree:
 
 
 class _Pairs(list):
-    """``top`` of a :class:`SequenceLogprobs`: per position a list of (id, logprob), built when read
-    (a search reads a few positions of each sequence it scores, not all of them)."""
+    """``top`` of a :class:`SequenceLogprobs`: per position the ``top_k`` (id, logprob), most likely
+    first, then the alternatives asked for there, in the order asked. Built when read (a search
+    reads a few positions of each sequence it scores, not all of them)."""
+
+    def __init__(self, tree: PrefixTree, at: list):
+        super().__init__(at)  # per position: (node before it, ids asked there), None at 0
+        self.tree = tree
+
+    def _pairs(self, got):
+        if got is None:
+            return []
+        node, alt = got
+        dist = self.tree.dist[node]
+        return self.tree.top[node] + [(a, dist[a]) for a in alt]
 
     def __getitem__(self, i):
         got = super().__getitem__(i)
         if isinstance(i, slice):
-            return [list(d.items()) if isinstance(d, dict) else d for d in got]
-        return list(got.items()) if isinstance(got, dict) else got
+            return [self._pairs(g) for g in got]
+        return self._pairs(got)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))

@@ -6,11 +6,8 @@ under the sampling distribution (:class:`~recon.recovery.sampling.Sampling`: tem
 top-k/top-p/min-p where the record says; a token the sampler removed had probability 0), the sum
 of one exact conditional per token, each read from a teacher-forced pass over that very prefix.
 
-**States.** A prefix of ids has consumed the text up to a character boundary ``c`` (byte offset
-in the canonical bytes) with ``pend`` bytes held by the UTF-8 decoder (a token may end inside a
-character). Two prefixes in the same state spell the same text so far and differ only in how they
-cut it. Where the text holds U+FFFD the bytes are lost: there the candidates at a state are every
-token the decoder accepts (a sample cut inside an emoji ends in the lead bytes the model chose).
+**States** (:mod:`recon.recovery.states`): a prefix of ids has consumed the text up to a character
+boundary with some bytes held by the UTF-8 decoder; prefixes in one state differ only in how they cut it.
 
 **The beam.** States are taken in text order; every prefix in a state is extended by every token
 its bytes allow (read by id, however unlikely: a sampled token can rank in the thousands). A
@@ -32,8 +29,8 @@ never run before, and one forward pass).
 
 **The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
 cannot end with exactly that many ids is impossible: dropped, and no rival. And prefixes are
-rivals only within the ids they must still spend beyond the fewest that spell the rest (one that
-has spent fewer pays for it later), see :func:`search`'s ``bound``.
+rivals only as far as they still need cuts off the canonical ids to end with that count (one that
+needs more pays for them later), see :func:`search`'s ``bound``.
 
 **Confidence** is the returned sequence's share of probability among every candidate: the
 complete ones found, and each dropped prefix counted as if it went on as well as the best does.
@@ -41,7 +38,6 @@ complete ones found, and each dropped prefix counted as if it went on as well as
 
 from __future__ import annotations
 
-import codecs
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -49,225 +45,10 @@ from typing import Sequence
 
 from recon.errors import ReconError
 from recon.recovery.sampling import Sampling
-from recon.tokenizers.tokenizer import Tokenizer
+from recon.recovery.states import Segmenter, Text, common_suffix
 
-FFFD = "\ufffd".encode()
 #: scores kept per state for the bound (the best live one counts)
 REF = 4
-
-
-class Segmenter:
-    """Which ordinary tokens spell a given stretch of bytes (special tokens never stand in for text)."""
-
-    def __init__(self, tok: Tokenizer):
-        self.tok = tok
-        fixed = {t.id for t in tok.added_tokens}
-        self.token_bytes = tok.token_bytes
-        self.ordinary = {data: i for data, i in tok.bytes_to_id.items() if i not in fixed}
-        self.fixed = frozenset(fixed)
-        self.max_len = max(map(len, self.ordinary))
-        #: tokens holding a byte >= 0x80: what may spell bytes the text lost (U+FFFD)
-        self.wild = [i for data, i in self.ordinary.items() if any(b >= 0x80 for b in data)]
-        self.wild_radius = max((len(self.token_bytes[i]) for i in self.wild if not _valid(self.token_bytes[i])), default=4)
-
-    def prefixes(self, data: bytes, lo: int, hi: int) -> list[int]:
-        """Ordinary tokens whose bytes are a prefix of ``data[lo:hi]``."""
-        found = []
-        for length in range(1, min(self.max_len, hi - lo) + 1):
-            tid = self.ordinary.get(data[lo : lo + length])
-            if tid is not None:
-                found.append(tid)
-        return found
-
-    def fewest(self, data: bytes) -> list[int]:
-        """The segmentation of ``data`` into the fewest ordinary tokens (longest first on ties)."""
-        n = len(data)
-        best: list[tuple[int, int] | None] = [None] * (n + 1)  # (tokens, length of last) to reach i
-        best[0] = (0, 0)
-        for i in range(n):
-            if best[i] is None:
-                continue
-            for length in range(min(self.max_len, n - i), 0, -1):
-                if data[i : i + length] in self.ordinary:
-                    cand = (best[i][0] + 1, length)
-                    if best[i + length] is None or cand[0] < best[i + length][0]:
-                        best[i + length] = cand
-        if best[n] is None:
-            raise ReconError(f"no segmentation of {data!r} into ordinary tokens")
-        out, i = [], n
-        while i:
-            length = best[i][1]
-            out.append(self.ordinary[data[i - length : i]])
-            i -= length
-        return out[::-1]
-
-
-def _valid(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
-
-
-def _decode(pend: bytes, data: bytes, final: bool = False) -> tuple[str, bytes]:
-    dec = codecs.getincrementaldecoder("utf-8")("replace")
-    dec.setstate((pend, 0))
-    out = dec.decode(data, final)
-    return out, dec.getstate()[0]
-
-
-class Text:
-    """The target: the canonical ids' bytes, cut into text segments and fixed (special) tokens."""
-
-    def __init__(self, seg: Segmenter, canonical: Sequence[int]):
-        tb = seg.token_bytes
-        self.seg, self.data = seg, b"".join(tb[i] for i in canonical)
-        n = len(self.data)
-        self.fixed_at: dict[int, int] = {}  # byte offset -> the fixed token starting there
-        pos = 0
-        for i in canonical:
-            if i in seg.fixed:
-                self.fixed_at[pos] = i
-            pos += len(tb[i])
-        ends = sorted(self.fixed_at) + [n]
-        self.seg_end, j = [n] * (n + 1), 0  # byte offset -> end of its text segment (the next fixed token)
-        for p in range(n + 1):
-            while ends[j] < p:
-                j += 1
-            self.seg_end[p] = ends[j]
-        self.starts = [0] * (n + 1)  # byte offset -> start of the character holding it
-        for p in range(1, n + 1):
-            self.starts[p] = self.starts[p - 1] if p < n and (self.data[p] & 0xC0) == 0x80 else p
-        self.lost = [p for p in range(n - 2) if self.data[p : p + 3] == FFFD]
-        self.anchors = self._anchors(canonical)
-
-    def _anchors(self, canonical) -> list[int]:
-        """Byte offsets every candidate has a token boundary at: no ordinary token covers them."""
-        data, n, seg = self.data, len(self.data), self.seg
-        covered = bytearray(n + 1)
-        for s in range(n):
-            if s in self.fixed_at:
-                continue
-            hi = min(self.seg_end[s], s + seg.max_len)
-            for length in range(2, hi - s + 1):
-                if data[s : s + length] in seg.ordinary:
-                    covered[s + 1 : s + length] = b"\x01" * (length - 1)
-        for w in self.lost:
-            r = seg.wild_radius
-            covered[max(w - r, 0) : min(w + 3 + r, n)] = b"\x01" * (min(w + 3 + r, n) - max(w - r, 0))
-        return [p for p in range(n + 1) if not covered[p] and self.starts[p] == p]
-
-    def fewest_to_end(self) -> list[int] | None:
-        """Per byte offset, the fewest tokens that spell the rest of the text (None where U+FFFD
-        stands for lost bytes: there any bytes may stand, and no count is certain)."""
-        if self.lost:
-            return None
-        data, n, seg = self.data, len(self.data), self.seg
-        fewest = [n + 1] * (n + 1)
-        fewest[n] = 0
-        for p in range(n - 1, -1, -1):
-            fixed = self.fixed_at.get(p)
-            if fixed is not None:
-                fewest[p] = 1 + fewest[p + len(seg.token_bytes[fixed])]
-                continue
-            for length in range(1, min(seg.max_len, self.seg_end[p] - p) + 1):
-                if data[p : p + length] in seg.ordinary:
-                    fewest[p] = min(fewest[p], 1 + fewest[p + length])
-        return fewest
-
-    def canonical_rest(self, draft_at: dict[int, int]) -> list[int]:
-        """Per byte offset, how many ids spell the rest of the text as the canonical ids do: theirs
-        from each of their boundaries, plus the fewest ordinary tokens from inside one of them to its end."""
-        n, seg = len(self.data), self.seg
-        k_end = draft_at[n]
-        rest, nxt = [0] * (n + 1), n
-        for p in range(n, -1, -1):
-            if p in draft_at:
-                rest[p], nxt = k_end - draft_at[p], p
-                continue
-            try:
-                rest[p] = len(seg.fewest(self.data[p:nxt])) + rest[nxt]
-            except ReconError:  # inside a special token: no state is there
-                rest[p] = rest[nxt] + 1
-        return rest
-
-    def state(self, p: int) -> tuple[int, bytes]:
-        """The state at byte offset ``p`` of the canonical bytes."""
-        c = self.starts[p] if p < len(self.data) else p
-        return c, self.data[c:p]
-
-    def step(self, state: tuple[int, bytes], tid: int) -> tuple[int, bytes] | None:
-        """The state after token ``tid``, or None if the text does not allow it there."""
-        c, pend = state
-        seg, data = self.seg, self.data
-        fixed = self.fixed_at.get(c)
-        if fixed is not None and not pend:
-            return (c + len(seg.token_bytes[tid]), b"") if tid == fixed else None
-        if tid in seg.fixed:  # after held bytes flushed as U+FFFD at the end of the segment
-            fin = self.finished(state)
-            ok = fin is not None and self.fixed_at.get(fin[0]) == tid
-            return (fin[0] + len(seg.token_bytes[tid]), b"") if ok else None
-        tb = seg.token_bytes[tid]
-        end = self.seg_end[c]
-        if data.startswith(pend, c):  # a literal prefix of the text
-            p = c + len(pend)
-            if p + len(tb) <= end and data.startswith(tb, p):
-                return self.state(p + len(tb))
-            if not self.lost:
-                return None
-        out, rest = _decode(pend, tb)
-        emitted = out.encode()
-        if c + len(emitted) > end or not data.startswith(emitted, c):
-            return None
-        c2 = c + len(emitted)
-        if rest and not (data.startswith(rest, c2) or data.startswith(FFFD, c2)):
-            return None
-        return c2, rest
-
-    def finished(self, state: tuple[int, bytes]) -> tuple[int, bytes] | None:
-        """Where held bytes end the segment (flushed as U+FFFD, as the decoder does at the end)."""
-        c, pend = state
-        if not pend or data_flush(pend) != self.data[c : self.seg_end[c]]:
-            return None
-        return self.seg_end[c], b""
-
-    def candidates(self, state: tuple[int, bytes]) -> list[int]:
-        """Every token the text allows after ``state``."""
-        c, pend = state
-        seg, data = self.seg, self.data
-        fixed = self.fixed_at.get(c)
-        if fixed is not None and not pend:
-            return [fixed]
-        found: list[int] = []
-        if data.startswith(pend, c):
-            found = seg.prefixes(data, c + len(pend), self.seg_end[c])
-        elif data.startswith(FFFD, c):
-            found = seg.prefixes(data, c + 3, self.seg_end[c])
-        if any(c - seg.wild_radius - len(pend) <= w <= c + len(pend) + seg.wild_radius for w in self.lost):
-            have = set(found)
-            found += [t for t in seg.wild if t not in have]
-            found = [t for t in found if self.step(state, t) is not None]
-        fin = self.finished(state)
-        if fin is not None and fin[0] in self.fixed_at:
-            found.append(self.fixed_at[fin[0]])
-        return found
-
-    def next_anchor(self, c: int) -> int:
-        import bisect
-
-        return self.anchors[min(bisect.bisect_right(self.anchors, c), len(self.anchors) - 1)]
-
-
-def _common_suffix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n
-
-
-def data_flush(pend: bytes) -> bytes:
-    return _decode(pend, b"", final=True)[0].encode()
 
 
 @dataclass
@@ -463,7 +244,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
             elif ids == draft[: len(ids)]:
                 kept.append((s, ids))  # the canonical ids: scored already, and always a candidate
                 same.append(ids)
-            elif s < bars.get(len(ids), bar) - delta or len(same) >= top or (same and _common_suffix(ids, same[0]) >= settle):
+            elif s < bars.get(len(ids), bar) - delta or len(same) >= top or (same and common_suffix(ids, same[0]) >= settle):
                 drop(ids, s - best)  # too far below, or the same as a better one for ``settle`` tokens now
             else:
                 kept.append((s, ids))

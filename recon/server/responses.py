@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from recon.recovery.model import LocalModel, Sample, batch_seed
-from recon.samples.importers import to_vllm_chat
+from recon.samples.render import to_vllm_chat
 from recon.samples.records import Record
 from recon.server.schemas import ApiError, ChatRequest, CompletionRequest, to_json
 
