@@ -78,7 +78,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         c, pend = state
         p = c + len(pend) if text.data.startswith(pend, c) else c
         left = length - k
-        return left >= 0 and (fewest is None or fewest[p] <= left <= len(text.data) - p)
+        return left >= 0 and fewest[p] <= left <= len(text.data) - p
     n, pad = len(prompt), canonical[-1] if canonical else 0
     end_state = (len(text.data), b"")
     dists: dict[tuple[int, ...], dict[int, float]] = {}
@@ -92,6 +92,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         pos += len(seg.token_bytes[i])
     draft_at[pos] = len(canonical)
     rest = text.canonical_rest(draft_at) if fewest is not None else None
+    certain = text.certain_from  # before it (U+FFFD for lost bytes ahead) prefixes of any count are rivals
     passes = 0
     kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
 
@@ -128,17 +129,20 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                         score += lps.get(cont[j], -math.inf)
                         prefix = prefix + (cont[j],)
                         if score > -math.inf and feasible(len(prefix), states[j + 1]):
-                            known = ref.setdefault(ref_key(states[j + 1], len(prefix)), [])
-                            if len(known) < REF or score > known[-1][0]:
-                                known.append((score, prefix))
-                                known.sort(key=lambda e: -e[0])
-                                del known[REF:]
+                            for key in ref_keys(states[j + 1], len(prefix)):
+                                known = ref.setdefault(key, [])
+                                if len(known) < REF or score > known[-1][0]:
+                                    known.append((score, prefix))
+                                    known.sort(key=lambda e: -e[0])
+                                    del known[REF:]
 
     def drop(ids, rel) -> None:
         """``ids`` is searched no further (a rival for the confidence unless ``rel`` is None:
         impossible), nor is any path through it."""
         if rel is not None:
             rivals.append((ids, rel))
+        if ids not in dists:
+            return  # never scored: no scored path (a bound) runs through it, and it is in no beam now
         node = dead
         for t in ids:
             node = node.setdefault(t, {})
@@ -152,12 +156,13 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                 return node is None
         return True
 
-    def ref_key(state, k: int):
-        """Where a scored prefix is a bound: its state, and with a count, how far its count is from
-        ending as the canonical ids do (two prefixes are rivals only if the other is no farther)."""
-        if rest is None or state[1]:
-            return state
-        return state, length - k - rest[state[0]]
+    def ref_keys(state, k: int) -> list:
+        """Where a scored prefix is a bound: its state (for any count), and with a count, its state
+        with how far its count is from ending as the canonical ids do (two prefixes are rivals only
+        if the other is no farther)."""
+        if rest is None or state[1] or state[0] < certain:
+            return [state]
+        return [state, (state, length - k - rest[state[0]])]
 
     def bound(state, k: int = 0) -> float:
         """The best score a path still searched is known to reach at the next anchor past ``state``.
@@ -170,7 +175,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         p = c + len(pend) if text.data.startswith(pend, c) else c
         anchor = text.next_anchor(p)
         at = (anchor, b"")
-        if rest is None:
+        if rest is None or p < certain:
             return next((sc for sc, path in ref.get(at, ()) if alive(path)), -math.inf)
         need = abs(length - k - rest[p])  # the same at the anchor if it goes on as the canonical ids do
         return max((next((sc for sc, path in ref.get((at, e), ()) if alive(path)), -math.inf) for e in range(-need, need + 1)),
@@ -231,14 +236,14 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         if state == end_state:
             done = [h for h in hyps if length is None or len(h[1]) == length]
             break
-        bars = {len(ids): bound(state, len(ids)) for _, ids in hyps} if length is not None else {}
+        bars = {k: bound(state, k) for k in {len(ids) for _, ids in hyps}} if length is not None else {}
         bar = bound(state) if length is None else max(bars.values())
         best = max(max(s for s, _ in hyps), bar)
         hyps.sort(key=lambda h: -h[0])
         kept = []
         peers: dict[int | None, list] = {}  # with a count, prefixes of other lengths are not rivals here
         for s, ids in hyps:
-            same = peers.setdefault(None if length is None else len(ids), [])
+            same = peers.setdefault(None if length is None or c < certain else len(ids), [])
             if not feasible(len(ids), state):
                 drop(ids, None)  # impossible: searched no further, and no rival
             elif ids == draft[: len(ids)]:
@@ -258,7 +263,8 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                 drop(ids, s - best)
                 continue
             flushed = text.finished(state)
-            targets = [(t, text.step(state, t)) for t in dists[ids]]
+            moves = text.moves(state)
+            targets = [(t, moves.get(t)) for t in dists[ids]]
             if flushed == end_state:
                 targets.append((None, flushed))
             for t, nxt in targets:
@@ -268,8 +274,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                 if child[0] == -math.inf:
                     continue
                 if not feasible(len(child[1]), nxt):
-                    drop(child[1], None)
-                    continue
+                    continue  # impossible, and so is every path through it: not in the beam, no rival
                 children.append((nxt, child))
         for nxt, child in children:
             if nxt not in beams:

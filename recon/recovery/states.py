@@ -32,7 +32,9 @@ class Segmenter:
         self.max_len = max(map(len, self.ordinary))
         #: tokens holding a byte >= 0x80: what may spell bytes the text lost (U+FFFD)
         self.wild = [i for data, i in self.ordinary.items() if any(b >= 0x80 for b in data)]
-        self.wild_radius = max((len(self.token_bytes[i]) for i in self.wild if not _valid(self.token_bytes[i])), default=4)
+        #: of those, the ones that are not whole UTF-8: all that can follow no held bytes into a U+FFFD
+        self.broken = [i for i in self.wild if not _valid(self.token_bytes[i])]
+        self.wild_radius = max((len(self.token_bytes[i]) for i in self.broken), default=4)
 
     def prefixes(self, data: bytes, lo: int, hi: int) -> list[int]:
         """Ordinary tokens whose bytes are a prefix of ``data[lo:hi]``."""
@@ -104,7 +106,10 @@ class Text:
         for p in range(1, n + 1):
             self.starts[p] = self.starts[p - 1] if p < n and (self.data[p] & 0xC0) == 0x80 else p
         self.lost = [p for p in range(n - 2) if self.data[p : p + 3] == FFFD]
+        #: from here on no U+FFFD is within a token's reach: how many ids spell the rest is certain
+        self.certain_from = min(n, max(self.lost) + 3 + seg.wild_radius + 4) if self.lost else 0
         self.anchors = self._anchors(canonical)
+        self._moves: dict[tuple[int, bytes], dict[int, tuple[int, bytes]]] = {}
 
     def _anchors(self, canonical) -> list[int]:
         """Byte offsets every candidate has a token boundary at: no ordinary token covers them."""
@@ -122,11 +127,9 @@ class Text:
             covered[max(w - r, 0) : min(w + 3 + r, n)] = b"\x01" * (min(w + 3 + r, n) - max(w - r, 0))
         return [p for p in range(n + 1) if not covered[p] and self.starts[p] == p]
 
-    def fewest_to_end(self) -> list[int] | None:
-        """Per byte offset, the fewest tokens that spell the rest of the text (None where U+FFFD
-        stands for lost bytes: there any bytes may stand, and no count is certain)."""
-        if self.lost:
-            return None
+    def fewest_to_end(self) -> list[int]:
+        """Per byte offset, the fewest tokens that spell the rest of the text; 0 before
+        :attr:`certain_from` (where U+FFFD stands for lost bytes any bytes may stand, and no count is certain)."""
         data, n, seg = self.data, len(self.data), self.seg
         fewest = [n + 1] * (n + 1)
         fewest[n] = 0
@@ -138,6 +141,7 @@ class Text:
             for length in range(1, min(seg.max_len, self.seg_end[p] - p) + 1):
                 if data[p : p + length] in seg.ordinary:
                     fewest[p] = min(fewest[p], 1 + fewest[p + length])
+        fewest[: self.certain_from] = [0] * self.certain_from
         return fewest
 
     def canonical_rest(self, draft_at: dict[int, int]) -> list[int]:
@@ -198,6 +202,22 @@ class Text:
 
     def candidates(self, state: tuple[int, bytes]) -> list[int]:
         """Every token the text allows after ``state``."""
+        return list(self.moves(state))
+
+    def moves(self, state: tuple[int, bytes]) -> dict[int, tuple[int, bytes]]:
+        """Every token the text allows after ``state``, with the state after it. Kept per state:
+        near U+FFFD it is every token the decoder accepts there, thousands of steps to find."""
+        got = self._moves.get(state)
+        if got is None:
+            got = {}
+            for t in self._find_candidates(state):
+                nxt = self.step(state, t)
+                if nxt is not None:
+                    got[t] = nxt
+            self._moves[state] = got
+        return got
+
+    def _find_candidates(self, state: tuple[int, bytes]) -> list[int]:
         c, pend = state
         seg, data = self.seg, self.data
         fixed = self.fixed_at.get(c)
@@ -210,8 +230,8 @@ class Text:
             found = seg.prefixes(data, c + 3, self.seg_end[c])
         if any(c - seg.wild_radius - len(pend) <= w <= c + len(pend) + seg.wild_radius for w in self.lost):
             have = set(found)
-            found += [t for t in seg.wild if t not in have]
-            found = [t for t in found if self.step(state, t) is not None]
+            # with no bytes held, a whole-UTF-8 token spells only its literal self (among ``found``)
+            found += [t for t in (seg.wild if pend else seg.broken) if t not in have]
         fin = self.finished(state)
         if fin is not None and fin[0] in self.fixed_at:
             found.append(self.fixed_at[fin[0]])
