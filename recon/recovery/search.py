@@ -30,7 +30,9 @@ never run before, and one forward pass).
 **The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
 cannot end with exactly that many ids is impossible: dropped, and no rival. And prefixes are
 rivals only as far as they still need cuts off the canonical ids to end with that count (one that
-needs more pays for them later), see :func:`search`'s ``bound``.
+needs more pays for them later), see :func:`search`'s ``bound``. Before the last U+FFFD for lost
+bytes (:attr:`~recon.recovery.states.Text.certain_from`) no count is certain, and prefixes of any
+count are rivals.
 
 **Confidence** is the returned sequence's share of probability among every candidate: the
 complete ones found, and each dropped prefix counted as if it went on as well as the best does.
