@@ -113,11 +113,13 @@ def print_failures(frame) -> None:
     encode is wrong, and the calibration line."""
     wrong = frame[~frame["canonical_exact"]]
     failure = frame["failure"] if "failure" in frame else None
-    print("\ntemperature  canonical wrong  recovered  search errors  model errors  failed")
+    print("\ntemperature  canonical wrong  recovered  search errors  model errors  failed  median s  total s  median calls")
     for t, g in sorted(wrong.groupby("temperature"), key=lambda kv: kv[0]):
         kinds = g["failure"] if failure is not None else None
         search, model, failed = (int((kinds == k).sum()) if kinds is not None else "?" for k in ("search", "model", "error"))
-        print(f"{t:>11g}  {len(g):>15}  {int(g['exact'].sum()):>9}  {search!s:>13}  {model!s:>12}  {failed!s:>6}")
+        every = frame[frame["temperature"] == t]  # time and calls over every sample at t, exact ones too
+        print(f"{t:>11g}  {len(g):>15}  {int(g['exact'].sum()):>9}  {search!s:>13}  {model!s:>12}  {failed!s:>6}  "
+              f"{every.seconds.median():>8.2f}  {every.seconds.sum():>7.0f}  {every.calls.median():>12.0f}")
     if failure is not None:
         broken = frame[frame["canonical_exact"] & ~frame["exact"]]
         print(f"exact samples made wrong: {len(broken)} (search errors among them {int((broken['failure'] == 'search').sum())}, "
