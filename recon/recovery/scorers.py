@@ -44,7 +44,8 @@ class LocalScorer:
     :class:`~recon.recovery.prefix_tree.PrefixTree` (keys, values and the distribution after it),
     so a call runs only the positions no earlier call ran, all of them in one forward pass. The
     tree is dropped when the sampling changes, or before a call once it holds more than
-    ``max_nodes`` positions (about 46 KB each for SmolLM2-135M).
+    ``max_nodes`` positions (about 48 KB each for SmolLM2-135M: keys and values in 30 layers, and
+    the last hidden state).
 
     ``sampling`` (a :class:`~recon.recovery.sampling.Sampling`, an optional keyword beyond the
     :class:`Scorer` protocol, announced by ``truncates = True``) scores under the sampler's own
