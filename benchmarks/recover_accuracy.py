@@ -11,7 +11,8 @@
 Every failure is classified: a *search error* when the sampled ids score higher than the returned
 ones under the sampling distribution (the record's temperature, and top-p/top-k/min-p where its
 meta says; what the search maximizes), else a *model error* (the model prefers what was
-returned: no search can fix it). Calibration: of the samples at confidence >= 0.9, the share exact.
+returned: no search can fix it); *hidden* when the sampled ids hold a special token the text does
+not show (the server skipped it in decoding: no cut of the text is the sampled ids). Calibration: of the samples at confidence >= 0.9, the share exact.
 
 Input: ``data/heldout-t0.7.jsonl`` and ``data/heldout-t1.3.jsonl`` (made by ``recon generate``
 with seed 11, not the bundled seed-0 samples; see data/README.md). Only the API view is used
@@ -53,6 +54,7 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[P
     records = load(inputs, limit)
     mine = records[shard[0] :: shard[1]]
     scorer = make_scorer("local", tok, threads=threads)
+    fixed = {t.id for t in tok.added_tokens}
     with open(out, "w", encoding="utf-8") as f:
         start = time.perf_counter()
         for rec, res in zip(mine, recover(mine, bound, scorer, progress=False)):
@@ -67,8 +69,10 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[P
                 try:
                     got = score_ids(rec.prompt_ids, res.ids, scorer, sampling)
                     sampled = score_ids(rec.prompt_ids, rec.output_ids, scorer, sampling)
+                    # a special token the text does not show (skipped in decoding): outside every cut of the text
+                    hidden = [i for i in rec.output_ids if i in fixed] != [i for i in res.canonical if i in fixed]
                     row.update(returned_score=round(got, 4), sampled_score=round(sampled, 4),
-                               failure="search" if sampled > got + 1e-4 else "model")
+                               failure="hidden" if hidden else "search" if sampled > got + 1e-4 else "model")
                 except Exception as exc:  # judging one record failed: it says so, the rest go on
                     row.update(error=search_failed(rec.id, exc, "scoring its ids"), failure="error")
             if row["error"]:
@@ -113,12 +117,12 @@ def print_failures(frame) -> None:
     encode is wrong, and the calibration line."""
     wrong = frame[~frame["canonical_exact"]]
     failure = frame["failure"] if "failure" in frame else None
-    print("\ntemperature  canonical wrong  recovered  search errors  model errors  failed  median s  total s  median calls")
+    print("\ntemperature  canonical wrong  recovered  search errors  model errors  hidden  failed  median s  total s  median calls")
     for t, g in sorted(wrong.groupby("temperature"), key=lambda kv: kv[0]):
         kinds = g["failure"] if failure is not None else None
-        search, model, failed = (int((kinds == k).sum()) if kinds is not None else "?" for k in ("search", "model", "error"))
+        search, model, hidden, failed = (int((kinds == k).sum()) if kinds is not None else "?" for k in ("search", "model", "hidden", "error"))
         every = frame[frame["temperature"] == t]  # time and calls over every sample at t, exact ones too
-        print(f"{t:>11g}  {len(g):>15}  {int(g['exact'].sum()):>9}  {search!s:>13}  {model!s:>12}  {failed!s:>6}  "
+        print(f"{t:>11g}  {len(g):>15}  {int(g['exact'].sum()):>9}  {search!s:>13}  {model!s:>12}  {hidden!s:>6}  {failed!s:>6}  "
               f"{every.seconds.median():>8.2f}  {every.seconds.sum():>7.0f}  {every.calls.median():>12.0f}")
     if failure is not None:
         broken = frame[frame["canonical_exact"] & ~frame["exact"]]

@@ -266,8 +266,15 @@ def test_bundled_recovery_rows_match_the_held_out_data(tokenizers):
     wrong = rows[~rows["canonical_exact"]]
     for t, g in wrong.groupby("temperature"):
         line = (f"| {t:g} | {len(g)} | {int(g['exact'].sum())} | {int((g['failure'] == 'search').sum())} | "
-                f"{int((g['failure'] == 'model').sum())} |")
+                f"{int((g['failure'] == 'model').sum())} | {int((g['failure'] == 'hidden').sum())} |")
         assert line in readme, line
+    # 'hidden': exactly the failures whose sampled ids hold a special token their text does not show
+    fixed = {t.id for t in tok.added_tokens}
+    for rec, row in zip(held, rows.itertuples()):
+        body = rec.output_ids[:-1] if rec.response.finish_reason == "stop" else rec.output_ids
+        shown = any(t.content in rec.response.content for t in tok.added_tokens)
+        hidden = not shown and any(i in fixed for i in body)
+        assert (row.failure == "hidden") == (hidden and not row.exact), rec.id
 
 
 def test_search_always_returns_a_candidate_that_spells_the_text(model, bound):
