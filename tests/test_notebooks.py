@@ -75,8 +75,8 @@ def test_report_runs_every_params_file(tmp_path, kimi_dir):
     assert compared["method_comparison"]["logprobs"] == {"smollm2-t0.7": 1.0, "smollm2-t1.3": 1.0}
     # the recovery section: the README's table, from the bundled held-out rows
     recovery = compared["recovery"]
-    assert (recovery["all"]["non-canonical"], recovery["all"]["recovered exactly"], recovery["all"]["exact made wrong"]) == (129, 64, 0)
-    assert recovery["heldout-t0.7"]["recovered exactly"] == 6 and recovery["heldout-t1.3"]["recovered exactly"] == 58
+    assert (recovery["all"]["non-canonical"], recovery["all"]["recovered exactly"], recovery["all"]["exact made wrong"]) == (129, 66, 0)
+    assert recovery["heldout-t0.7"]["recovered exactly"] == 6 and recovery["heldout-t1.3"]["recovered exactly"] == 60
 
 
 def test_report_skips_a_user_tokenizer_that_is_not_configured(tmp_path):

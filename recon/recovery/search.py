@@ -34,6 +34,11 @@ needs more pays for them later), see :func:`search`'s ``bound``. Before the last
 bytes (:attr:`~recon.recovery.states.Text.certain_from`) no count is certain, and prefixes of any
 count are rivals.
 
+**A second look** (:func:`_repair`): after the beam, what ``settle`` and ``delta`` dropped is
+finished along the answer's own tail and the likeliest few are scored whole; one that beats the
+answer replaces it (those two rules assume a prefix's history stops mattering, and at high
+temperature it sometimes still does).
+
 **Confidence** is the returned sequence's share of probability among every candidate: the
 complete ones found, and each dropped prefix counted as if it went on as well as the best does.
 """
@@ -69,7 +74,8 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
     or ``max_tokens`` for a sample cut at it): a prefix that cannot end with that many is impossible.
-    ``repairs``: rounds of :func:`_repair` after the beam, one scorer call each, scoring at most ``repair_width`` sequences."""
+    ``repairs``: rounds of :func:`_repair` after the beam (one scorer call each, scoring at most
+    ``repair_width`` sequences)."""
     text = Text(seg, canonical)
     fewest = text.fewest_to_end() if length is not None else None
 

@@ -1,0 +1,83 @@
+"""What a recovery scorer call costs with the local model: a fixed part per forward pass and a part
+per position run, measured in one run (these machines are shared: compare numbers within a run).
+
+    python benchmarks/scorer_cost.py                 # SmolLM2-135M, one torch thread (as the benchmark runs it)
+    python benchmarks/scorer_cost.py --threads 2
+
+For n new positions in one pass (the body, then the output layer over the whole vocabulary, as
+:class:`recon.recovery.prefix_tree.PrefixTree` runs them) it prints the fastest of --repeat runs,
+then a least-squares fit ``seconds = fixed + n * per_position``. A search's time is about
+``calls * fixed + positions * per_position`` (``LocalScorer.tokens_run`` counts positions).
+The same in bfloat16 is printed beside it, with how far its logprobs land from float32's: why
+recovery stays in float32 (the search compares scores that differ by tenths of a nat).
+Needs the ``generate`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+
+def timed_pass(net, head, ids, repeat: int) -> float:
+    import torch
+
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeat):
+            start = time.perf_counter()
+            head(net(input_ids=ids).last_hidden_state[0])
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def fit(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """Least squares: seconds = fixed + n * per_position."""
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sum((x - mx) ** 2 for x in sizes)
+    return my - slope * mx, slope
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sizes", default="1,8,32,128,384", help="positions per pass")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from recon.recovery.model import LocalModel
+
+    model = LocalModel("smollm2", threads=args.threads).model
+    sizes = [int(s) for s in args.sizes.split(",")]
+    gen = torch.Generator().manual_seed(0)
+    inputs = {n: torch.randint(100, model.config.vocab_size, (1, n), generator=gen) for n in sizes}
+    rows = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model.to(dtype)
+        net, head = model.base_model, model.get_output_embeddings()
+        rows[dtype] = [timed_pass(net, head, inputs[n], args.repeat) for n in sizes]
+        with torch.inference_mode():
+            logits = head(net(input_ids=inputs[sizes[-1]]).last_hidden_state[0]).float()
+        rows[dtype, "logp"] = torch.log_softmax(logits, dim=-1)
+    model.to(torch.float32)
+    print(f"positions per pass  {'float32 ms':>10}  {'bfloat16 ms':>11}")
+    for i, n in enumerate(sizes):
+        print(f"{n:>18}  {rows[torch.float32][i] * 1e3:>10.1f}  {rows[torch.bfloat16][i] * 1e3:>11.1f}")
+    for dtype in (torch.float32, torch.bfloat16):
+        fixed, per = fit(sizes, rows[dtype])
+        print(f"{str(dtype).removeprefix('torch.'):>9}: fixed {fixed * 1e3:.1f} ms a pass, {per * 1e3:.2f} ms a position "
+              f"(one pass = {fixed / per:.0f} positions)")
+    ratio = fit(sizes, rows[torch.bfloat16])[1] / fit(sizes, rows[torch.float32])[1]
+    gap = (rows[torch.bfloat16, "logp"] - rows[torch.float32, "logp"]).abs()
+    top = rows[torch.float32, "logp"].argmax(-1)
+    print(f"bfloat16 / float32 per position: {ratio:.2f}; |logprob difference| of the most likely token: "
+          f"mean {gap.gather(-1, top[:, None]).mean():.3f}, max {gap.gather(-1, top[:, None]).max():.3f} nats "
+          f"(over {sizes[-1]} positions)")
+
+
+if __name__ == "__main__":
+    main()
