@@ -343,7 +343,8 @@ def test_a_record_whose_search_raises_gets_an_error_and_the_rest_go_on(model, bo
 
 
 #: held-out samples CI recovers again (quick ones): non-canonical, cut inside a character, exact,
-#: and p029-1 (a search error while rivals were compared across counts); with their sampled ids
+#: p029-1 (a search error while rivals were compared across counts), and at t=1.3 p028-1 and
+#: p008-2 (search errors before the second look: a prefix finished, a cut moved); with their sampled ids
 CI_SUBSET = DATA.parent / "tests" / "data" / "recover-ci.jsonl"
 
 
