@@ -36,8 +36,8 @@ count are rivals.
 
 **A second look** (:func:`_repair`): after the beam, what ``settle`` and ``delta`` dropped is
 finished along the answer's own tail, or its last cut is moved into the answer, and the likeliest
-few are scored whole; one that beats the answer replaces it (those two rules assume a prefix's history stops mattering, and at high
-temperature it sometimes still does).
+few are scored whole; one that beats the answer replaces it (those two rules assume a prefix's
+history stops mattering, and at high temperature it sometimes still does).
 
 **Confidence** is the returned sequence's share of probability among every candidate: the
 complete ones found, and each dropped prefix counted as if it went on as well as the best does.
@@ -74,8 +74,8 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
     or ``max_tokens`` for a sample cut at it): a prefix that cannot end with that many is impossible.
-    ``repairs``: rounds of :func:`_repair` after the beam (one scorer call each, scoring at most
-    ``repair_width`` sequences)."""
+    ``repairs``: rounds of :func:`_repair` after the beam (two scorer calls each at most, scoring
+    at most ``repair_width`` sequences whole)."""
     text = Text(seg, canonical)
     fewest = text.fewest_to_end() if length is not None else None
 
@@ -341,19 +341,17 @@ def _repair(prompt, ids, lps, dropped, dists, text: Text, scorer, sampling: Samp
         offsets.append(offsets[-1] + len(seg.token_bytes[t]))
         cum.append(cum[-1] + lp)
     at = {o: k for k, o in enumerate(offsets)}  # the answer's boundaries
-    tried, guesses = {tuple(ids)}, []
+    tried, plain, moved = {tuple(ids)}, [], []  # (estimate, the answer's ids before, the prefix's, c, k)
     for s, prefix, c in dropped:
         k = next((at[o] for o in range(c, len(text.data) + 1) if o in at), None)
         if k is None:
             continue
         tail = cum[-1] - cum[k]
         if s + tail >= cum[-1] - margin:  # else too far below even so
-            guesses.append((s + tail, (), prefix, c, k))
+            plain.append((s + tail, (), prefix, c, k))
         cut = _last_cut(prefix, c, ids, at, dists, seg)
         if cut is not None and cum[cut[1]] + cut[2] + tail >= cum[-1] - margin:
-            guesses.append((cum[cut[1]] + cut[2] + tail, ids[: cut[1]], prefix[cut[0] :], c, k))
-    plain = [g for g in guesses if not g[1]]
-    moved = [g for g in guesses if g[1]]
+            moved.append((cum[cut[1]] + cut[2] + tail, ids[: cut[1]], prefix[cut[0] :], c, k))
     whole, windows = [], []
     for pool, cap in ((plain, width), (moved, 4 * width)):
         n = 0
