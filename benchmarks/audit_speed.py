@@ -21,7 +21,7 @@ library's *.py and licence texts, one record in seven made non-canonical) to a f
                one batched decode plus one batched encode, loading and reading the ids untimed;
   (a) naive  — the naive loop on the first 2,000 records, scaled to N;
   (c) recon  — the whole `recon audit FILE --tokenizer smollm2 --profile chatml --json` process,
-               from launch to exit; its peak memory from a second run (sampling it slows the
+               from launch to exit (recon's modules byte-compiled first, as pip installs them); its peak memory from a second run (sampling it slows the
                process down); its `exact` must equal the floor's and the naive loop's.
 
 (b) and (c) run in turn --repeat times (default 3) and the fastest of each is kept: these
@@ -380,8 +380,13 @@ def main() -> None:
     args.workers = default_workers() if args.workers is None else args.workers
     args.chunk_size = args.chunk_size or DEFAULT_CHUNK
 
+    import compileall
     import tokenizers
 
+    # recon's modules byte-compiled, as a (non-editable) pip install leaves them: else, where
+    # PYTHONDONTWRITEBYTECODE is set (as on these machines), every process compiles ~40 modules (~0.08 s)
+    for root in [ROOT, *([args.baseline] if args.baseline else [])]:
+        compileall.compile_dir(str(root / "recon"), quiet=1)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"tokenizers {tokenizers.__version__}, TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', '(unset)')}")
     if args.samples:

@@ -34,7 +34,7 @@ needs more pays for them later), see :func:`search`'s ``bound``. Before the last
 bytes (:attr:`~recon.recovery.states.Text.certain_from`) no count is certain, and prefixes of any
 count are rivals.
 
-**A second look** (:func:`_repair`): after the beam, what ``settle`` and ``delta`` dropped is
+**A second look** (:func:`~recon.recovery.repair.repair`): after the beam, what ``settle`` and ``delta`` dropped is
 finished along the answer's own tail, or its last cut is moved into the answer, and the likeliest
 few are scored whole; one that beats the answer replaces it (those two rules assume a prefix's
 history stops mattering, and at high temperature it sometimes still does).
@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from recon.errors import ReconError
+from recon.recovery.repair import repair
 from recon.recovery.sampling import Sampling
 from recon.recovery.states import Segmenter, Text, common_suffix
 
@@ -74,7 +75,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
     or ``max_tokens`` for a sample cut at it): a prefix that cannot end with that many is impossible.
-    ``repairs``: rounds of :func:`_repair` after the beam (two scorer calls each at most, scoring
+    ``repairs``: rounds of :func:`~recon.recovery.repair.repair` after the beam (two scorer calls each at most, scoring
     at most ``repair_width`` sequences whole)."""
     text = Text(seg, canonical)
     fewest = text.fewest_to_end() if length is not None else None
@@ -305,7 +306,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     for _ in range(repairs):
         if passes >= max_passes:
             break
-        better, calls = _repair(prompt, ids, lps, dropped, dists, text, scorer, sampling, length, delta, repair_width, kwargs)
+        better, calls = repair(prompt, ids, lps, dropped, dists, text, scorer, sampling, length, delta, repair_width, kwargs)
         passes += calls
         if better is None:
             break
@@ -313,95 +314,6 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
         score, ids, lps = better
     mass = sum(math.exp(r) for _, r in rivals if r > -50)
     return SearchResult(list(ids), score, 1.0 / (1.0 + mass), rivals, passes)
-
-
-def _repair(prompt, ids, lps, dropped, dists, text: Text, scorer, sampling: Sampling, length, margin: float, width: int,
-            kwargs, window: int = 8):
-    """A second look at what the beam dropped: each dropped prefix finished along the answer's own
-    tail (the fewest tokens to the answer's next boundary, then its ids); and its last cut that
-    differs from the answer's moved into the answer (the answer's ids before that cut, the
-    prefix's from it on, the answer's tail).
-
-    The beam's two shortcuts both assume that a prefix's history stops mattering: ``settle`` once
-    it agrees with a better one for a while, ``delta`` past the next anchor. The model disagrees
-    now and then (held-out samples at t=1.3 where a prefix 0.3 to 0.9 nats behind ended ahead).
-    Of those that would end within ``margin`` nats of the answer if every part scored as it does
-    where it comes from: the ``width`` likeliest finished prefixes are scored whole (a prefix's
-    history can tell over the whole tail: held-out p009-2 gained 0.09 nats on 50 tokens); the
-    ``4 * width`` likeliest moved cuts are scored first only to ``window`` ids past where they
-    rejoin the answer (a few new positions each), and the ``width`` that come out ahead of the
-    answer there are scored whole (held-out p008-2 at t=1.3: its sampled cut spends one id more
-    than the answer's, so no finished prefix has the count; moved into the answer's history, the
-    search found ids the model scores above the sampled ones).
-    Returns (score, ids, logprobs) of the best one that beats the answer (``ids``, with ``lps``
-    its logprobs), or None; and the scorer calls made."""
-    seg = text.seg
-    offsets, cum = [0], [0.0]
-    for t, lp in zip(ids, lps):
-        offsets.append(offsets[-1] + len(seg.token_bytes[t]))
-        cum.append(cum[-1] + lp)
-    at = {o: k for k, o in enumerate(offsets)}  # the answer's boundaries
-    tried, plain, moved = {tuple(ids)}, [], []  # (estimate, the answer's ids before, the prefix's, c, k)
-    for s, prefix, c in dropped:
-        k = next((at[o] for o in range(c, len(text.data) + 1) if o in at), None)
-        if k is None:
-            continue
-        tail = cum[-1] - cum[k]
-        if s + tail >= cum[-1] - margin:  # else too far below even so
-            plain.append((s + tail, (), prefix, c, k))
-        cut = _last_cut(prefix, c, ids, at, dists, seg)
-        if cut is not None and cum[cut[1]] + cut[2] + tail >= cum[-1] - margin:
-            moved.append((cum[cut[1]] + cut[2] + tail, ids[: cut[1]], prefix[cut[0] :], c, k))
-    whole, windows = [], []
-    for pool, cap in ((plain, width), (moved, 4 * width)):
-        n = 0
-        for _, head, prefix, c, k in sorted(pool, key=lambda g: -g[0]):
-            if n >= cap:
-                break
-            try:
-                refill = seg.fewest(text.data[c : offsets[k]]) if offsets[k] > c else []
-            except ReconError:  # a fixed token in between: no ordinary refill
-                continue
-            cand = tuple(head) + tuple(prefix) + tuple(refill) + tuple(ids[k:])
-            if cand in tried or (length is not None and len(cand) != length):
-                continue
-            tried.add(cand)
-            n += 1
-            if head:
-                ka = min(k + window, len(ids))
-                windows.append((cand, len(cand) - len(ids) + ka, ka))
-            else:
-                whole.append(cand)
-    batch = getattr(scorer, "batch", None) or 1
-
-    def scored(seqs):
-        return [r.logprobs[len(prompt):] for g in range(0, len(seqs), batch)
-                for r in scorer([list(prompt) + list(j) for j in seqs[g : g + batch]], sampling.temperature, None, **kwargs)]
-
-    calls = 0
-    if windows:
-        near = scored([cand[:e] for cand, e, _ in windows])
-        calls += -(-len(windows) // batch)
-        whole += [cand for est, cand in sorted(((sum(lp) + cum[-1] - cum[ka], cand) for (cand, _, ka), lp in zip(windows, near)),
-                                               key=lambda h: -h[0]) if est > cum[-1]][:width]
-    if not whole:
-        return None, calls
-    best = max(((float(sum(lp)), cand, lp) for cand, lp in zip(whole, scored(whole))), key=lambda h: h[0])
-    return (best if best[0] > cum[-1] + 1e-6 else None), calls + -(-len(whole) // batch)
-
-
-def _last_cut(prefix, c: int, ids, at: dict[int, int], dists, seg, reach: int = 32):
-    """Where ``prefix`` (ending at byte ``c``) last cut the text otherwise than the answer ``ids``:
-    (its index, the answer's index at the same byte, the score of the prefix's ids from there), the
-    last byte both cut at where their next ids differ, within ``reach`` ids of its end; or None."""
-    off, score = c, 0.0
-    for i in range(len(prefix) - 1, max(len(prefix) - 1 - reach, -1), -1):
-        off -= len(seg.token_bytes[prefix[i]])
-        score += dists.get(prefix[:i], {}).get(prefix[i], -math.inf)
-        a = at.get(off)
-        if a is not None and (a >= len(ids) or ids[a] != prefix[i]):
-            return i, a, score
-    return None
 
 
 def score_ids(prompt: Sequence[int], ids: Sequence[int], scorer, sampling: Sampling) -> float:

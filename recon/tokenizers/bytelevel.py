@@ -59,3 +59,15 @@ def piece_to_bytes(piece: str) -> bytes | None:
         return piece.translate(_to_bytes()).encode("latin-1")
     except UnicodeEncodeError:
         return None
+
+
+def pieces_to_bytes(pieces: list[str | None]) -> list[bytes | None]:
+    """:func:`piece_to_bytes` of each piece (None stays None), the table fetched once: a whole
+    vocabulary at every start."""
+    table, out = _to_bytes(), []
+    for piece in pieces:
+        try:
+            out.append(None if piece is None else piece.translate(table).encode("latin-1"))
+        except UnicodeEncodeError:
+            out.append(None)
+    return out

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import Iterator, Sequence
 
-from recon.tokenizers.bytelevel import piece_to_bytes
+from recon.tokenizers.bytelevel import piece_to_bytes, pieces_to_bytes
 from recon.tokenizers.fast.derive import matches_no_ascii, split_sequence_boundaries
 from recon.tokenizers.fast.pretokenize import (
     Boundaries,
@@ -201,7 +201,11 @@ class HFTokenizer(Tokenizer):
             piece_of[token_id] = piece
         for token_id in [i for i, piece in enumerate(piece_of) if piece is None]:  # an id two texts share, or a gap
             piece_of[token_id] = self._core.id_to_token(token_id)
-        return [b"" if piece is None else self._piece_bytes(i, piece) for i, piece in enumerate(piece_of)]
+        if not self._byte_level:
+            return [b"" if piece is None else self._piece_bytes(i, piece) for i, piece in enumerate(piece_of)]
+        added = self.added_by_content  # (one translate a piece, the table fetched once: ~0.1 s a start)
+        return [b"" if piece is None else data if data is not None and piece not in added else self._piece_bytes(i, piece)
+                for i, (piece, data) in enumerate(zip(piece_of, pieces_to_bytes(piece_of)))]
 
     def id_to_bytes(self, token_id: int) -> bytes:
         piece = self._core.id_to_token(token_id)

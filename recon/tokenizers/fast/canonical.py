@@ -88,7 +88,7 @@ class CanonicalCheck:
         self._added = np.zeros(vocab_size, dtype=bool)
         self._added[list(added_ids)] = True
         self._glued = GluedEncoder(cache, token_bytes, byte_lengths, first, last, self._rules, classes, rules.glue,
-                                   encode_glued or (lambda text: cache.encode_batch([text])[0]))
+                                   encode_glued)
         self._prefixes, self._inside = _prefix_counts(cache, vocab_size)
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
         self._single = np.full(vocab_size, -1, dtype=np.int8)

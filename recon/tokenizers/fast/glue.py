@@ -22,15 +22,17 @@ class GluedEncoder:
     """Encodes stretches of ids (their texts) for one tokenizer. ``first``/``last``: each id's
     first and last character class; ``pairs``: the boundary rules over those classes;
     ``classes``: the class of each byte; ``preferred``: a glue character to try first (the
-    rules' own); ``encode_glued``: the native encoding of one long text, or None where it can't
-    vouch for it (then each stretch goes through the word ``cache``)."""
+    rules' own); ``encode_glued``: the native encoding of one text, or None where it can't
+    vouch for it (then each stretch goes through the word ``cache``); without it the word cache
+    encodes the glued texts too."""
 
     def __init__(self, cache: WordCache, token_bytes: Sequence[bytes], byte_lengths: np.ndarray, first: np.ndarray,
                  last: np.ndarray, pairs: np.ndarray, classes: np.ndarray, preferred: str | None,
-                 encode_glued: Callable[[str], list[int] | None]):
+                 encode_glued: Callable[[str], list[int] | None] | None):
         self._cache, self._token_bytes, self._byte_lengths = cache, token_bytes, byte_lengths
         self._first, self._last, self._pairs = first, last, pairs
-        self._encode_glued = encode_glued
+        self._native = encode_glued
+        self._encode_glued = encode_glued or (lambda text: cache.encode_batch([text])[0])
         self.glues = self._glue_characters(preferred, classes)
 
     def _glue_characters(self, preferred: str | None, classes: np.ndarray) -> list[tuple[bytes, int, np.ndarray, np.ndarray]]:
@@ -80,14 +82,20 @@ class GluedEncoder:
                 for group in _groups(fits.tolist(), data):
                     for i, ids in zip(group, self._glued(glue, glue_id, [data[i] for i in group])):
                         out[i] = ids
-        alone, texts = [], []
+        # the rest one by one: natively where it vouches (a native call costs a few µs; the
+        # word cache's Python pre-tokenizer several times that), else through the word cache
+        alone, texts, native = [], [], self._native
         for i, ids in enumerate(out):
             if ids is None:
                 try:
-                    texts.append(data[i].decode("utf-8"))
-                    alone.append(i)
+                    text = data[i].decode("utf-8")
                 except UnicodeDecodeError:
-                    pass
+                    continue
+                if native is None or (ids := native(text)) is None:
+                    texts.append(text)
+                    alone.append(i)
+                else:
+                    out[i] = ids
         for i, ids in zip(alone, self._cache.encode_batch(texts)):
             out[i] = ids
         return out
