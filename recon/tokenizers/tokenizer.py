@@ -146,11 +146,12 @@ class Tokenizer(ABC):
         """Text for ``ids``: special tokens kept, invalid UTF-8 replaced by U+FFFD."""
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
-        """``[decode(ids) for ids in batch]``. A sequence of ASCII tokens (most of code and English)
-        is joined from a table of their texts, checked against the native decode when built;
-        the rest go to the native core in one batch."""
+        """``[decode(ids) for ids in batch]``. Where the native decode is the tokens' bytes joined
+        (:attr:`_decode_joins`), they are joined here (:meth:`_join_decode`); else a sequence of
+        ASCII tokens (most of code and English) is joined from a table of their texts, checked
+        against the native decode when built, and the rest go to the native core in one batch."""
         texts = self._ascii_texts
-        if texts is None:
+        if texts is None or self._decode_joins:
             return self._decode_batch(batch)
         join, get = "".join, texts.__getitem__
         out: list[str | None] = []
@@ -169,16 +170,23 @@ class Tokenizer(ABC):
         """The native core's batch decode."""
         return [self.decode(ids) for ids in batch]
 
+    #: whether :meth:`_decode_batch` joins :attr:`token_bytes` (:meth:`_join_decode`)
+    _decode_joins = False
+
     def _join_decode(self, batch: Sequence[Sequence[int]], unjoined: frozenset[int], native) -> list[str]:
         """Each sequence's :attr:`token_bytes` joined and decoded, invalid UTF-8 replaced (what a
-        decoder that joins bytes does, without a native call per batch); sequences holding an id
-        of ``unjoined`` or outside the vocabulary go to ``native`` (lists in, texts out)."""
-        table, join = self.token_bytes, b"".join
+        decoder that joins bytes does, without a native call per batch; faster than joining
+        texts even for ASCII); sequences holding an id of ``unjoined`` or outside the vocabulary
+        go to ``native`` (lists in, texts out). ``unjoined`` must be the same at every call."""
+        table = self.__dict__.get("_join_table")
+        if table is None:  # None where the native decode must say: joining refuses it
+            table = [None if i in unjoined else data for i, data in enumerate(self.token_bytes)]
+            self._join_table = table
+        get, join = table.__getitem__, b"".join
         out: list[str | None] = []
         for ids in batch:
             try:  # (a negative id would index from the end: refused first)
-                ok = min(ids, default=0) >= 0 and (not unjoined or unjoined.isdisjoint(ids))
-                out.append(join(map(table.__getitem__, ids)).decode("utf-8", "replace") if ok else None)
+                out.append(join(map(get, ids)).decode("utf-8", "replace") if min(ids, default=0) >= 0 else None)
             except (IndexError, TypeError):
                 out.append(None)
         slow = [k for k, text in enumerate(out) if text is None]
