@@ -15,7 +15,13 @@ returned: no search can fix it); *hidden* when the sampled ids hold a special to
 not show (the server skipped it in decoding: no cut of the text is the sampled ids). Calibration: of the samples at confidence >= 0.9, the share exact.
 
 Input: ``data/heldout-t0.7.jsonl`` and ``data/heldout-t1.3.jsonl`` (made by ``recon generate``
-with seed 11, not the bundled seed-0 samples; see data/README.md). Only the API view is used
+with seed 11, not the bundled seed-0 samples; see data/README.md). The held-out samples drawn
+with truncation (top-p 0.9 at t=1.0, min-p 0.05 at t=1.4; seeds 12 and 13, made after the search
+was last changed and never tuned on) go through the same script:
+
+    python benchmarks/recover_accuracy.py --inputs data/heldout-t1.0-p0.9.jsonl data/heldout-t1.4-m0.05.jsonl \
+        --out data/recover-heldout-truncated.jsonl --shard 0/2 &      # and 1/2, then --report with the same --inputs/--out
+ Only the API view is used
 (response text + prompt ids); the ground-truth ids only judge the result. One row per sample
 goes to ``data/recover-heldout.jsonl`` (the file notebook 03 reads): canonical encode exact?
 recovered exact? confidence, candidates, scorer calls, seconds. Needs the ``generate`` extra.
@@ -154,14 +160,14 @@ def main() -> None:
             print(f"wrote {part}; run --report when every shard is done")
             return
     parts = sorted(DATA.glob(f".recover{tag}-shard-*-of-*.jsonl"))
-    if not parts and ROWS.is_file():  # no fresh shards: report from the bundled rows
+    if not parts and rows_out.is_file():  # no fresh shards: report from the bundled rows
         from recon.recovery.recover import recovery_table
         import pandas as pd
 
-        frame = pd.read_json(ROWS, lines=True)
+        frame = pd.read_json(rows_out, lines=True)
         print(recovery_table(frame).to_string())
         print_failures(frame)
-        print(f"\nrows: {ROWS.relative_to(ROOT)} (bundled; run without --report to recover again)")
+        print(f"\nrows: {rows_out} (bundled; run without --report to recover again)")
         return
     if not parts:
         sys.exit("no shard rows in data/; run without --report first")

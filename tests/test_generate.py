@@ -41,7 +41,12 @@ def test_bundled_samples_do_not_all_round_trip(tokenizers):
     assert len(differ) >= 5
 
 
-@pytest.mark.parametrize("path", BUNDLED, ids=lambda p: p.stem)
+#: held-out samples drawn with truncation (top-p, min-p): their first batch reproduced proves the
+#: sampler flags do what the records' meta says (recovery scores under that meta)
+TRUNCATED = sorted(DATA.glob("heldout-t*-[pm]*.jsonl"))
+
+
+@pytest.mark.parametrize("path", BUNDLED + TRUNCATED, ids=lambda p: p.stem)
 def test_generate_reproduces_the_bundled_data_from_its_seed(tmp_path, path):
     pytest.importorskip("torch", reason="generation needs the 'generate' extra")
     bundled = read_records(path).records
@@ -54,6 +59,7 @@ def test_generate_reproduces_the_bundled_data_from_its_seed(tmp_path, path):
         "generate", str(DATA / "prompts.jsonl"), "--out", str(out), "--limit", str(prompts), "--n", str(n),
         "--temperature", str(meta["temperature"]), "--top-p", str(meta["top_p"]), "--max-new-tokens", str(meta["max_new_tokens"]),
         "--seed", str(meta["seed"]), "--batch-size", str(meta["batch_size"]), "--dataset", bundled[0].dataset, "--threads", "2",
+        *[arg for key in ("top_k", "min_p") if key in meta for arg in (f"--{key.replace('_', '-')}", str(meta[key]))],
     )
     assert run.returncode == 0, run.stderr[-2000:]
     again = read_records(out).records

@@ -239,14 +239,20 @@ def test_recovery_table_and_plot_data():
     assert drawn.loc["b"].tolist() == [100.0, 0.0]
 
 
-def test_bundled_recovery_rows_match_the_held_out_data(tokenizers):
-    """data/recover-heldout.jsonl (benchmarks/recover_accuracy.py, read by notebook 03) covers
-    every held-out sample, and its canonical columns agree with a fresh canonical encode."""
+HELD_OUT_ROWS = {"recover-heldout": ("heldout-t0.7", "heldout-t1.3"),  # (read by notebook 03)
+                 "recover-heldout-truncated": ("heldout-t1.0-p0.9", "heldout-t1.4-m0.05")}
+
+
+@pytest.mark.parametrize("rows_name", sorted(HELD_OUT_ROWS))
+def test_bundled_recovery_rows_match_the_held_out_data(tokenizers, rows_name):
+    """data/recover-heldout*.jsonl (benchmarks/recover_accuracy.py) cover every held-out sample,
+    and their canonical columns agree with a fresh canonical encode."""
     import pandas as pd
 
     tok = tokenizers["smollm2"]
-    rows = pd.read_json(DATA / "recover-heldout.jsonl", lines=True)
-    held = [r for name in ("heldout-t0.7", "heldout-t1.3") for r in read_records(DATA / f"{name}.jsonl").records]
+    rows = pd.read_json(DATA / f"{rows_name}.jsonl", lines=True)
+    names = HELD_OUT_ROWS[rows_name]
+    held = [r for name in names for r in read_records(DATA / f"{name}.jsonl").records]
     assert len(rows) == len(held) == 320 and list(rows["id"]) == [r.id for r in held]
     for rec, row in zip(held, rows.itertuples()):
         canonical = tok.encode(rec.response.content) + ([2] if rec.response.finish_reason == "stop" else [])
@@ -257,7 +263,7 @@ def test_bundled_recovery_rows_match_the_held_out_data(tokenizers):
     # the README's two recovery tables are these rows' (recomputed by tests/test_recover.py's CI subset)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table = recovery_table(rows)
-    for name in ("heldout-t0.7", "heldout-t1.3", "all"):
+    for name in (*names, "all"):
         r = {k: (int(v) if float(v).is_integer() else v) for k, v in table.loc[name].items()}
         before = 100 * (1 - r["canonical wrong"] / r["samples"])
         line = (f"| {name} | {r['samples']} | {r['canonical wrong']} ({r['canonical wrong %']:.1f}%) | {r['non-canonical']} | "
@@ -348,6 +354,26 @@ def test_a_record_whose_search_raises_gets_an_error_and_the_rest_go_on(model, bo
 CI_SUBSET = DATA.parent / "tests" / "data" / "recover-ci.jsonl"
 
 
+@pytest.mark.parametrize("name", ["heldout-t1.0-p0.9", "heldout-t1.4-m0.05"])
+def test_truncated_samples_are_inside_the_truncation_recon_scores(model, name):
+    """Samples that transformers' top-p / min-p warpers drew (``recon generate``): under the
+    sampler recon reads from each record's meta, every sampled id has a finite log-probability.
+    The oracle is the sampler itself: it kept those ids, so a truncation recon computed wider or
+    narrower than transformers' would give one of them probability 0."""
+    import math
+
+    from recon.recovery.recover import sampling_of
+    from recon.recovery.scorers import LocalScorer
+    from recon.recovery.search import score_ids
+
+    scorer = LocalScorer(model)
+    records = read_records(DATA / f"{name}.jsonl").records[:16]
+    for rec in records:
+        sampling = sampling_of(rec, scorer)
+        assert sampling.truncates and sampling.temperature == rec.meta["temperature"]
+        assert score_ids(rec.prompt_ids, rec.output_ids, scorer, sampling) > -math.inf, rec.id
+
+
 def test_recovery_reproduces_held_out_rows(model, bound):
     """A CI-sized subset of benchmarks/recover_accuracy.py, recomputed and compared with the bundled
     rows (data/recover-heldout.jsonl, what the README and notebook 03 show): the same exactness,
@@ -360,8 +386,10 @@ def test_recovery_reproduces_held_out_rows(model, bound):
     from recon.recovery.search import score_ids
 
     subset = {(r["dataset"], r["id"]): r["sampled_ids"] for r in map(json.loads, CI_SUBSET.read_text().splitlines())}
-    bundled = {(r.dataset, r.id): r for r in pd.read_json(DATA / "recover-heldout.jsonl", lines=True).itertuples()}
-    held = [r for name in ("heldout-t0.7", "heldout-t1.3") for r in read_records(DATA / f"{name}.jsonl").records]
+    bundled = {(r.dataset, r.id): r for rows in ("recover-heldout", "recover-heldout-truncated")
+               for r in pd.read_json(DATA / f"{rows}.jsonl", lines=True).itertuples()}
+    held = [r for name in ("heldout-t0.7", "heldout-t1.3", "heldout-t1.0-p0.9", "heldout-t1.4-m0.05")
+            for r in read_records(DATA / f"{name}.jsonl").records]
     picked = [r for r in held if (r.dataset, r.id) in subset]
     assert len(picked) == len(subset) >= 4
     scorer = LocalScorer(model)

@@ -80,7 +80,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts)
     if args.limit:
         prompts = prompts[: args.limit]
-    cfg = GenerateConfig(n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+    cfg = GenerateConfig(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                         max_new_tokens=args.max_new_tokens,
                          seed=args.seed, batch_size=args.batch_size, dataset=args.dataset, logprobs=not args.no_logprobs)
     model = LocalModel(args.model, threads=args.threads)
     n = write_records(generate_records(model, prompts, cfg), args.out)
@@ -127,6 +128,8 @@ def add_generate(sub) -> None:
     p.add_argument("--n", type=int, default=1, help="samples per prompt")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: all)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this share of the likeliest's probability")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8)

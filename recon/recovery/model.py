@@ -133,7 +133,7 @@ class LocalModel:
                                     messages=messages, add_generation_prompt=True)
 
     def sample(self, prompts_ids: Sequence[list[int]], *, temperature: float, top_p: float, max_new_tokens: int, seed: int,
-               top_logprobs: int = 0) -> list[Sample]:
+               top_logprobs: int = 0, top_k: int = 0, min_p: float = 0.0) -> list[Sample]:
         """Sample one continuation per prompt (left-padded batch); ids exactly as sampled.
 
         Logprobs are of the model's own distribution at each step (before temperature and top-p,
@@ -147,7 +147,8 @@ class LocalModel:
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=mask, do_sample=temperature > 0,
-                temperature=temperature if temperature > 0 else None, top_p=top_p, top_k=0,
+                temperature=temperature if temperature > 0 else None, top_p=top_p, top_k=top_k,
+                **({"min_p": min_p} if min_p > 0 else {}),  # (transformers' order: temperature, top-k, top-p, min-p)
                 max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
                 output_logits=True, return_dict_in_generate=True,
             )
@@ -243,6 +244,8 @@ class GenerateConfig:
     n: int = 1
     temperature: float = 0.7
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     max_new_tokens: int = 128
     seed: int = 0
     batch_size: int = 8
@@ -262,15 +265,16 @@ def generate_records(model: LocalModel, prompts: Sequence[Prompt], cfg: Generate
     for b, start in enumerate(range(0, len(jobs), cfg.batch_size)):
         batch = jobs[start : start + cfg.batch_size]
         samples = model.sample(
-            [encoded[p.id] for p, _ in batch], temperature=cfg.temperature, top_p=cfg.top_p,
-            max_new_tokens=cfg.max_new_tokens, seed=batch_seed(cfg.seed, b),
+            [encoded[p.id] for p, _ in batch], temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            min_p=cfg.min_p, max_new_tokens=cfg.max_new_tokens, seed=batch_seed(cfg.seed, b),
         )
+        truncation = {k: v for k, v in (("top_k", cfg.top_k), ("min_p", cfg.min_p)) if v}  # (in meta where set)
         for (prompt, k), sample in zip(batch, samples):
             yield Record(
                 id=f"{prompt.id}-{k}", dataset=dataset, output_ids=sample.output_ids,
                 response=model.response(sample, logprobs=cfg.logprobs), prompt_ids=encoded[prompt.id],
                 messages=prompt.messages,
-                meta={"model": model.name, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                meta={"model": model.name, "temperature": cfg.temperature, "top_p": cfg.top_p, **truncation,
                       "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "batch_size": cfg.batch_size, "batch": b,
                       "torch": model.torch.__version__},
             )

@@ -238,62 +238,79 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     rivals: list[tuple[tuple[int, ...], float]] = []  # dropped: (ids, score - the score that beat it)
     dropped: list[tuple[float, tuple[int, ...], int]] = []  # by a rule, not as impossible: (score, ids, byte offset)
     done: list[tuple[float, tuple[int, ...]]] = []
-    while order:
-        c, _, pend = heapq.heappop(order)
-        state = (c, pend)
-        hyps = beams.pop(state, [])
-        if not hyps:
-            continue
-        if state == end_state:
-            done = [h for h in hyps if length is None or len(h[1]) == length]
-            break
-        bars = {k: bound(state, k) for k in {len(ids) for _, ids in hyps}} if length is not None else {}
-        bar = bound(state) if length is None else max(bars.values())
-        best = max(max(s for s, _ in hyps), bar)
-        hyps.sort(key=lambda h: -h[0])
-        kept = []
-        peers: dict[int | None, list] = {}  # with a count, prefixes of other lengths are not rivals here
-        for s, ids in hyps:
-            same = peers.setdefault(None if length is None or c < certain else len(ids), [])
-            if not feasible(len(ids), state):
-                drop(ids, None)  # impossible: searched no further, and no rival
-            elif ids == draft[: len(ids)]:
-                kept.append((s, ids))  # the canonical ids: scored already, and always a candidate
-                same.append(ids)
-            elif s < bars.get(len(ids), bar) - delta or len(same) >= top or (same and common_suffix(ids, same[0]) >= settle):
-                drop(ids, s - best)  # too far below, or the same as a better one for ``settle`` tokens now
-                if not pend:
-                    dropped.append((s, ids, c))
-            else:
-                kept.append((s, ids))
-                same.append(ids)
-        todo = [(ids, state, s, continuation(state)) for s, ids in kept if ids not in dists]
-        if todo and passes < max_passes:
-            run(todo + ahead())  # one pass for this state and every prefix ahead likely to be kept
-        children = []
-        for s, ids in kept:
-            if ids not in dists:  # out of passes (the canonical ids are scored: the beam goes on)
-                drop(ids, s - best)
+    revive: list = []  # (state, score, ids) dropped by a rule: searched again if every path dies
+    for _ in range(3):
+        while order:
+            c, _, pend = heapq.heappop(order)
+            state = (c, pend)
+            hyps = beams.pop(state, [])
+            if not hyps:
                 continue
-            flushed = text.finished(state)
-            moves = text.moves(state)
-            targets = [(t, moves.get(t)) for t in dists[ids]]
-            if flushed == end_state:
-                targets.append((None, flushed))
-            for t, nxt in targets:
-                if nxt is None:
+            if state == end_state:
+                done = [h for h in hyps if length is None or len(h[1]) == length]
+                break
+            bars = {k: bound(state, k) for k in {len(ids) for _, ids in hyps}} if length is not None else {}
+            bar = bound(state) if length is None else max(bars.values())
+            best = max(max(s for s, _ in hyps), bar)
+            hyps.sort(key=lambda h: -h[0])
+            kept = []
+            peers: dict[int | None, list] = {}  # with a count, prefixes of other lengths are not rivals here
+            for s, ids in hyps:
+                same = peers.setdefault(None if length is None or c < certain else len(ids), [])
+                if not feasible(len(ids), state):
+                    drop(ids, None)  # impossible: searched no further, and no rival
+                elif ids == draft[: len(ids)]:
+                    kept.append((s, ids))  # the canonical ids: scored already, and always a candidate
+                    same.append(ids)
+                elif s < bars.get(len(ids), bar) - delta or len(same) >= top or (same and common_suffix(ids, same[0]) >= settle):
+                    drop(ids, s - best)  # too far below, or the same as a better one for ``settle`` tokens now
+                    revive.append((state, s, ids))
+                    if not pend:
+                        dropped.append((s, ids, c))
+                else:
+                    kept.append((s, ids))
+                    same.append(ids)
+            todo = [(ids, state, s, continuation(state)) for s, ids in kept if ids not in dists]
+            if todo and passes < max_passes:
+                run(todo + ahead())  # one pass for this state and every prefix ahead likely to be kept
+            children = []
+            for s, ids in kept:
+                if ids not in dists:  # out of passes (the canonical ids are scored: the beam goes on)
+                    drop(ids, s - best)
                     continue
-                child = (s + dists[ids][t], ids + (t,)) if t is not None else (s, ids)
-                if child[0] == -math.inf:
-                    continue
-                if not feasible(len(child[1]), nxt):
-                    continue  # impossible, and so is every path through it: not in the beam, no rival
-                children.append((nxt, child))
-        for nxt, child in children:
-            if nxt not in beams:
-                beams[nxt] = []
-                heapq.heappush(order, (nxt[0], len(nxt[1]), nxt[1]))
-            beams[nxt].append(child)
+                flushed = text.finished(state)
+                moves = text.moves(state)
+                targets = [(t, moves.get(t)) for t in dists[ids]]
+                if flushed == end_state:
+                    targets.append((None, flushed))
+                for t, nxt in targets:
+                    if nxt is None:
+                        continue
+                    child = (s + dists[ids][t], ids + (t,)) if t is not None else (s, ids)
+                    if child[0] == -math.inf:
+                        continue
+                    if not feasible(len(child[1]), nxt):
+                        continue  # impossible, and so is every path through it: not in the beam, no rival
+                    children.append((nxt, child))
+            for nxt, child in children:
+                if nxt not in beams:
+                    beams[nxt] = []
+                    heapq.heappush(order, (nxt[0], len(nxt[1]), nxt[1]))
+                beams[nxt].append(child)
+        if done or not revive or passes >= max_passes:
+            break
+        # Every path searched died: with a truncating sampler a prefix can be a dead end (each way
+        # on needs a token the sampler removed; held-out p015-0 at top-p 0.9, where the canonical
+        # ids do). Bounds that rested on dead paths dropped the live ones: no bound stands now,
+        # and what the rules dropped is searched again from where it was dropped.
+        dead.clear()
+        ref.clear()
+        for state, s, ids in revive:
+            if state not in beams:
+                beams[state] = []
+                heapq.heappush(order, (state[0], len(state[1]), state[1]))
+            beams[state].append((s, ids))
+        revive = []
     if not done:
         if length is not None and not feasible(0, start):
             raise ReconError(f"the text cannot be spelled in exactly {length} ids (the count the record gives)")
