@@ -34,6 +34,10 @@ needs more pays for them later), see :func:`search`'s ``bound``. Before the last
 bytes (:attr:`~recon.recovery.states.Text.certain_from`) no count is certain, and prefixes of any
 count are rivals.
 
+**Dead ends.** With a truncating sampler a prefix can be one (every way on needs a token the
+sampler removed), and a bound resting on it can drop every live path: when every path searched
+dies, no bound stands, and what the rules dropped is searched again from where it was dropped.
+
 **A second look** (:func:`~recon.recovery.repair.repair`): after the beam, what ``settle`` and ``delta`` dropped is
 finished along the answer's own tail, or its last cut is moved into the answer, and the likeliest
 few are scored whole; one that beats the answer replaces it (those two rules assume a prefix's
@@ -237,9 +241,10 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     order = [(0, 0, b"")]
     rivals: list[tuple[tuple[int, ...], float]] = []  # dropped: (ids, score - the score that beat it)
     dropped: list[tuple[float, tuple[int, ...], int]] = []  # by a rule, not as impossible: (score, ids, byte offset)
-    done: list[tuple[float, tuple[int, ...]]] = []
     revive: list = []  # (state, score, ids) dropped by a rule: searched again if every path dies
-    for _ in range(3):
+
+    def sweep() -> list[tuple[float, tuple[int, ...]]]:
+        """The beam over the states in text order, from what ``beams`` holds: the finished paths."""
         while order:
             c, _, pend = heapq.heappop(order)
             state = (c, pend)
@@ -247,8 +252,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
             if not hyps:
                 continue
             if state == end_state:
-                done = [h for h in hyps if length is None or len(h[1]) == length]
-                break
+                return [h for h in hyps if length is None or len(h[1]) == length]
             bars = {k: bound(state, k) for k in {len(ids) for _, ids in hyps}} if length is not None else {}
             bar = bound(state) if length is None else max(bars.values())
             best = max(max(s for s, _ in hyps), bar)
@@ -297,6 +301,10 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                     beams[nxt] = []
                     heapq.heappush(order, (nxt[0], len(nxt[1]), nxt[1]))
                 beams[nxt].append(child)
+        return []
+
+    done = sweep()
+    for _ in range(2):
         if done or not revive or passes >= max_passes:
             break
         # Every path searched died: with a truncating sampler a prefix can be a dead end (each way
@@ -310,7 +318,8 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
                 beams[state] = []
                 heapq.heappush(order, (state[0], len(state[1]), state[1]))
             beams[state].append((s, ids))
-        revive = []
+        revive.clear()
+        done = sweep()
     if not done:
         if length is not None and not feasible(0, start):
             raise ReconError(f"the text cannot be spelled in exactly {length} ids (the count the record gives)")
