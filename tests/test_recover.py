@@ -422,11 +422,13 @@ def test_a_killed_recover_run_resumes_without_redoing_or_duplicating(tmp_path, w
     def run_until(lines: int, sig: int) -> subprocess.CompletedProcess:
         proc = subprocess.Popen([*command, "--out", str(out), "--resume"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        deadline = time.monotonic() + 300
+        deadline, sent = time.monotonic() + 300, 0.0
         while time.monotonic() < deadline and proc.poll() is None:
-            if out.exists() and out.read_bytes().count(b"\n") >= lines:
+            # once the file holds ``lines`` lines: the signal, and again each second while the run
+            # goes on (a CI run once finished after one SIGINT: some native call can take it in)
+            if time.monotonic() - sent > 1.0 and out.exists() and out.read_bytes().count(b"\n") >= lines:
                 proc.send_signal(sig)
-                break
+                sent = time.monotonic()
             time.sleep(0.05)
         stdout, stderr = proc.communicate(timeout=120)
         return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
