@@ -420,15 +420,16 @@ def test_a_killed_recover_run_resumes_without_redoing_or_duplicating(tmp_path, w
     out = tmp_path / "out.jsonl"
 
     def run_until(lines: int, sig: int) -> subprocess.CompletedProcess:
+        # SIGINT as a terminal's Ctrl-C finds it: a job started in the background of a shell
+        # without job control (`cmd &` in a script) ignores SIGINT, and its children inherit that
         proc = subprocess.Popen([*command, "--out", str(out), "--resume"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        deadline, sent = time.monotonic() + 300, 0.0
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
-            # once the file holds ``lines`` lines: the signal, and again each second while the run
-            # goes on (a CI run once finished after one SIGINT: some native call can take it in)
-            if time.monotonic() - sent > 1.0 and out.exists() and out.read_bytes().count(b"\n") >= lines:
+            if out.exists() and out.read_bytes().count(b"\n") >= lines:
                 proc.send_signal(sig)
-                sent = time.monotonic()
+                break
             time.sleep(0.05)
         stdout, stderr = proc.communicate(timeout=120)
         return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
