@@ -291,8 +291,8 @@ def test_batch_decode_joins_ascii_tokens_exactly_as_the_native_decode(name, toke
     specials = sorted(tok.added_ids & ascii_ids)
     batch = [[rng.choice(pool if rng.random() < 0.9 else specials) for _ in range(rng.randrange(0, 40))] for _ in range(2_000)]
     batch += [[i for i in (rng.randrange(tok.vocab_size) for _ in range(12)) if i not in tok.gap_ids] for _ in range(300)]
-    assert tok.decode_batch(batch) == tok._decode_batch(batch)
-    assert sum(ascii_ids.issuperset(ids) for ids in batch) >= 2_000  # the joined path was taken
+    assert tok.decode_batch(batch) == [tok.decode(ids) for ids in batch]  # the native core, one by one
+    assert sum(ascii_ids.issuperset(ids) for ids in batch) >= 2_000  # mostly ASCII tokens, as the table holds
 
 
 def test_piece_by_id_is_the_table_without_building_it():

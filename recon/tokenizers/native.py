@@ -77,7 +77,7 @@ class HFTokenizer(Tokenizer):
         self._bare_core = None  # the BPE model alone (see _bpe_batch)
         decoder = core.decoder.__class__.__name__ if core.decoder is not None else ""
         self._byte_level = decoder == "ByteLevel"
-        self._joins_bytes = self._decode_joins = self._byte_level  # the ByteLevel decoder maps each token back to its bytes
+        self._joins_bytes = self._byte_level  # the ByteLevel decoder maps each token back to its bytes
         self._sentencepiece = decoder in ("Sequence", "Metaspace", "ByteFallback")
 
     @property

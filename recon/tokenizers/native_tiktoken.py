@@ -167,7 +167,7 @@ class TiktokenTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._core.decode(list(ids), errors="replace")
 
-    _joins_bytes = _decode_joins = True  # tiktoken decodes the tokens' bytes joined, invalid UTF-8 replaced
+    _joins_bytes = True  # tiktoken decodes the tokens' bytes joined, invalid UTF-8 replaced
 
     def _decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """tiktoken's decode is its tokens' bytes joined, invalid UTF-8 replaced: joined here from

@@ -147,31 +147,13 @@ class Tokenizer(ABC):
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """``[decode(ids) for ids in batch]``. Where the native decode is the tokens' bytes joined
-        (:attr:`_decode_joins`), they are joined here (:meth:`_join_decode`); else a sequence of
-        ASCII tokens (most of code and English) is joined from a table of their texts, checked
-        against the native decode when built, and the rest go to the native core in one batch."""
-        texts = self._ascii_texts
-        if texts is None or self._decode_joins:
-            return self._decode_batch(batch)
-        join, get = "".join, texts.__getitem__
-        out: list[str | None] = []
-        for ids in batch:
-            try:  # any other token is None in the table (a negative id too), and join refuses it
-                out.append(join(map(get, ids)))
-            except (TypeError, IndexError):
-                out.append(None)
-        slow = [k for k, text in enumerate(out) if text is None]
-        if slow:
-            for k, text in zip(slow, self._decode_batch([batch[k] for k in slow])):
-                out[k] = text
-        return out  # type: ignore[return-value]
+        (:attr:`_joins_bytes`: tiktoken, HF ByteLevel), they are joined here (:meth:`_join_decode`,
+        faster than joining texts even for ASCII); the rest go to the native core in one batch."""
+        return self._decode_batch(batch)
 
     def _decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """The native core's batch decode."""
         return [self.decode(ids) for ids in batch]
-
-    #: whether :meth:`_decode_batch` joins :attr:`token_bytes` (:meth:`_join_decode`)
-    _decode_joins = False
 
     def _join_decode(self, batch: Sequence[Sequence[int]], unjoined: frozenset[int], native) -> list[str]:
         """Each sequence's :attr:`token_bytes` joined and decoded, invalid UTF-8 replaced (what a
@@ -195,7 +177,7 @@ class Tokenizer(ABC):
                 out[k] = text
         return out  # type: ignore[return-value]
 
-    #: whether :meth:`decode` of ASCII tokens is their bytes joined (set by backends where it is)
+    #: whether :meth:`decode` is the tokens' bytes joined, invalid UTF-8 replaced (set by backends where it is)
     _joins_bytes = False
 
     @cached_property

@@ -90,6 +90,9 @@ class CanonicalCheck:
         self._glued = GluedEncoder(cache, token_bytes, byte_lengths, first, last, self._rules, classes, rules.glue,
                                    encode_glued)
         self._prefixes, self._inside = _prefix_counts(cache, vocab_size)
+        #: the prefixes grouped by first character: a text without it is one scan, not one a prefix
+        self._prefix_groups = [(c, [p for p in self._prefixes if p[0] == c])
+                               for c in sorted({p[0] for p in self._prefixes})] if self._prefixes is not None else []
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
         self._single = np.full(vocab_size, -1, dtype=np.int8)
         #: a stretch of 2.._pack tokens packed into one int: ``_bits`` bits per id + 1
@@ -227,8 +230,7 @@ class CanonicalCheck:
             inside = np.zeros(len(spelled), dtype=np.int64)
             np.add.at(inside, sample, self._inside[flat[at]])
             inside = inside.tolist()
-        # (the prefixes grouped by first character: a text without it is one scan, not one a prefix)
-        groups = [(c, [p for p in self._prefixes if p[0] == c]) for c in sorted({p[0] for p in self._prefixes})] if quick else []
+        groups = self._prefix_groups
         ok = []
         for j, (k, spans) in enumerate(zip(spelled, held)):
             text = texts[k]
