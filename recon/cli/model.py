@@ -45,7 +45,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
                 results = recover_on_dask(todo, spec, args.dask, temperature=args.temperature, lookahead=args.lookahead)
             else:
                 results = recover(todo, bound, scorer, temperature=args.temperature, lookahead=args.lookahead,
-                                  progress=None if terminal else False) if todo else []
+                                  progress=None if terminal else False, together=args.together) if todo else []
             for rec, res in zip(todo, results):
                 rec.meta = {**rec.meta, "recover": res.to_meta()}
                 out.write(rec)
@@ -102,6 +102,9 @@ def add_recover(sub) -> None:
     p.add_argument("--api-key-env", metavar="VAR", help="server: environment variable holding the API key")
     p.add_argument("--model", default="smollm2", help="local: the GGUF model; server: the model name to send")
     p.add_argument("--threads", type=int, help="local: torch threads")
+    p.add_argument("--together", type=int, default=1, metavar="N",
+                   help="local: search N records at once, their scorer calls run as one forward pass (same results, "
+                        "less time: see docs/recovery.md)")
     p.add_argument("--top-k", type=int, help="alternatives per position the scorer reports (default: local 64, server 20)")
     p.add_argument("--temperature", type=float,
                    help="score at this temperature (default: the record's meta temperature for the local scorer, else 1)")

@@ -167,41 +167,61 @@ def _choices(seg: Segmenter, found) -> list[Choice]:
 
 
 def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, temperature: float | None = None,
-            lookahead: bool = True, progress: bool | None = None) -> Iterator[Recovery]:
+            lookahead: bool = True, progress: bool | None = None, together: int = 1) -> Iterator[Recovery]:
     """Recover each record's sampled ids from its text (its response, or the API view of its
     output_ids): the canonical encode, then the search above. ``temperature``: score at this
     temperature; None takes the record's ``meta["temperature"]`` where the scorer can apply it,
     else 1; the sampler's truncation (``top_p``, ``top_k``, ``min_p`` in ``meta``) where the scorer
     can apply it. Records without ``prompt_ids`` get an error (the model needs the context), and so
     does a record whose search raised (:func:`search_failed`: one line naming it); every record gets a
-    result, in order."""
+    result, in order. ``together``: searches run at once, their scorer calls run as one
+    (:mod:`recon.recovery.together`; the local scorer only), results the same for any value."""
     from tqdm.auto import tqdm
 
     seg = Segmenter(bound.tok)
     views = [view_of(r, bound) for r in records]
     canon = reconstruct_batch(views, bound, "concat")
-    for rec, rc in tqdm(list(zip(records, canon)), desc="recover", unit="sample", disable=None if progress is None else not progress):
-        truth = rec.output_ids
-        base = Recovery(rec.id, rec.dataset, None, rc.ids, None,
-                        canonical_exact=None if truth is None or rc.ids is None else rc.ids == truth)
-        if rc.ids is None:
-            base.error = f"no canonical encoding: {rc.error}"
-        elif rec.prompt_ids is None:
-            base.error = "field prompt_ids: recovery scores the output in its context and needs the prompt ids"
-        if base.error:
-            yield base
-            continue
-        sampling = sampling_of(rec, scorer, temperature)
-        try:
-            ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead,
-                                                     length=token_count(rec))
-        except Exception as exc:  # one record's failure, not the run's: it gets an error, the rest go on
-            base.error = search_failed(rec.id, exc)
-            yield base
-            continue
-        base.ids, base.confidence, base.choices, base.passes = ids, conf, choices, passes
-        base.exact = None if truth is None else ids == truth
-        yield base
+    jobs = list(zip(records, canon))
+    bar = tqdm(total=len(jobs), desc="recover", unit="sample", disable=None if progress is None else not progress)
+
+    def one(k: int, job, scoring) -> Recovery:
+        return _recover_one(*job, seg, scoring, temperature, lookahead)
+
+    if together > 1 and getattr(scorer, "batches_alternatives", False) and len(jobs) > 1:
+        from recon.recovery.together import run_together
+
+        results = run_together(jobs, one, scorer, together)
+    else:
+        results = (one(k, job, scorer) for k, job in enumerate(jobs))
+    try:
+        for result in results:
+            bar.update(1)
+            yield result
+    finally:
+        bar.close()
+
+
+def _recover_one(rec: Record, rc, seg: Segmenter, scorer: Scorer, temperature: float | None, lookahead: bool) -> Recovery:
+    """One record's recovery (see :func:`recover`)."""
+    truth = rec.output_ids
+    base = Recovery(rec.id, rec.dataset, None, rc.ids, None,
+                    canonical_exact=None if truth is None or rc.ids is None else rc.ids == truth)
+    if rc.ids is None:
+        base.error = f"no canonical encoding: {rc.error}"
+    elif rec.prompt_ids is None:
+        base.error = "field prompt_ids: recovery scores the output in its context and needs the prompt ids"
+    if base.error:
+        return base
+    sampling = sampling_of(rec, scorer, temperature)
+    try:
+        ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead,
+                                                 length=token_count(rec))
+    except Exception as exc:  # one record's failure, not the run's: it gets an error, the rest go on
+        base.error = search_failed(rec.id, exc)
+        return base
+    base.ids, base.confidence, base.choices, base.passes = ids, conf, choices, passes
+    base.exact = None if truth is None else ids == truth
+    return base
 
 
 def token_count(rec: Record) -> int | None:
