@@ -11,6 +11,13 @@ then a least-squares fit ``seconds = fixed + n * per_position``. A search's time
 The same in bfloat16 is printed beside it, with how far its logprobs land from float32's: why
 recovery stays in float32 (the search compares scores that differ by tenths of a nat).
 Needs the ``generate`` extra.
+
+    python benchmarks/scorer_cost.py --llama-cpp     # also llama.cpp on the same GGUF, if installed
+
+With ``--llama-cpp`` the same passes run through llama.cpp (``llama-cpp-python``, which has no
+wheel on PyPI: ``pip install llama-cpp-python`` compiles it, ~5 minutes on two cores), on the
+GGUF's own quantized weights, logits for every position, and its logprobs are compared with
+torch's (float32 over the dequantized weights, what recovery scores with).
 """
 
 from __future__ import annotations
@@ -45,13 +52,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--sizes", default="1,8,32,128,384", help="positions per pass")
+    ap.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (llama-cpp-python) on the same GGUF")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
     from recon.recovery.model import LocalModel
 
-    model = LocalModel("smollm2", threads=args.threads).model
+    local = LocalModel("smollm2", threads=args.threads)
+    model = local.model
     sizes = [int(s) for s in args.sizes.split(",")]
     gen = torch.Generator().manual_seed(0)
     inputs = {n: torch.randint(100, model.config.vocab_size, (1, n), generator=gen) for n in sizes}
@@ -77,6 +86,41 @@ def main() -> None:
     print(f"bfloat16 / float32 per position: {ratio:.2f}; |logprob difference| of the most likely token: "
           f"mean {gap.gather(-1, top[:, None]).mean():.3f}, max {gap.gather(-1, top[:, None]).max():.3f} nats "
           f"(over {sizes[-1]} positions)")
+    if args.llama_cpp:
+        llama_cpp_rows(str(local.tokenizer.source), sizes, inputs, rows[torch.float32, "logp"], args)
+
+
+def llama_cpp_rows(gguf: str, sizes: list[int], inputs: dict, torch_logp, args) -> None:
+    """The same passes through llama.cpp: one ``eval`` of n positions, logits at every one."""
+    import numpy as np
+
+    try:
+        import llama_cpp
+    except ImportError:
+        print("llama.cpp: llama-cpp-python is not installed (pip install llama-cpp-python: a C++ build)")
+        return
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=max(sizes) + 8, n_batch=max(sizes), n_ubatch=max(sizes),
+                          n_threads=args.threads, n_threads_batch=args.threads, logits_all=True, verbose=False)
+    seconds = []
+    for n in sizes:
+        ids = inputs[n][0].tolist()
+        best = float("inf")
+        for _ in range(args.repeat):
+            llm.reset()
+            start = time.perf_counter()
+            llm.eval(ids)
+            best = min(best, time.perf_counter() - start)
+        seconds.append(best)
+    logits = np.array(llm.scores[: sizes[-1]], dtype=np.float64)
+    logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+    ours = torch_logp.double().numpy()
+    top = ours.argmax(-1)
+    gap = np.abs(logp[np.arange(len(top)), top] - ours[np.arange(len(top)), top])
+    print(f"llama.cpp ({llama_cpp.__version__}, the GGUF's own weights) ms per pass: "
+          + ", ".join(f"{n}: {s * 1e3:.1f}" for n, s in zip(sizes, seconds)))
+    fixed, per = fit(sizes, seconds)
+    print(f"llama.cpp: fixed {fixed * 1e3:.1f} ms a pass, {per * 1e3:.2f} ms a position; |logprob difference| from "
+          f"torch float32 of the most likely token: mean {gap.mean():.3f}, max {gap.max():.3f} nats")
 
 
 if __name__ == "__main__":

@@ -393,7 +393,8 @@ def test_recovery_reproduces_held_out_rows(model, bound):
     picked = [r for r in held if (r.dataset, r.id) in subset]
     assert len(picked) == len(subset) >= 4
     scorer = LocalScorer(model)
-    for rec, res in zip(picked, recover(picked, bound, scorer, progress=False)):
+    # three searches at once, their calls run as one (the bundled rows were made one at a time)
+    for rec, res in zip(picked, recover(picked, bound, scorer, progress=False, together=3)):
         sampled, row = subset[rec.dataset, rec.id], bundled[rec.dataset, rec.id]
         assert sampled == rec.output_ids  # the oracle is the data's own record
         assert (res.ids == sampled) == row.exact and res.canonical_exact == row.canonical_exact
@@ -415,8 +416,10 @@ def test_a_killed_recover_run_resumes_without_redoing_or_duplicating(tmp_path, w
 
     ids = ["p001-0", "p001-1", "p001-2", "p001-3", "p026-3", "p002-0", "p002-2", "p002-3"]
     write_records([warm[i] for i in ids], tmp_path / "in.jsonl")
+    # one search at a time: searches run together finish in bursts, too fast to be interrupted
+    # between two records here (their stopping is test_searches_run_together_stop_when_the_reader_stops)
     command = [sys.executable, "-m", "recon.cli", "recover", str(tmp_path / "in.jsonl"), "--tokenizer", "smollm2",
-               "--profile", "chatml", "--threads", "1", "--log-every", "1"]
+               "--profile", "chatml", "--threads", "1", "--log-every", "1", "--together", "1"]
     out = tmp_path / "out.jsonl"
 
     def run_until(lines: int, sig: int) -> subprocess.CompletedProcess:
@@ -459,10 +462,34 @@ def test_a_killed_recover_run_resumes_without_redoing_or_duplicating(tmp_path, w
     assert "recovered 8 of 8 samples" in finished.stdout and "(8 in all)" in finished.stdout  # the whole file's summary
 
 
+def test_searches_run_together_stop_when_the_reader_stops(warm, hot, model, bound):
+    """`recover(..., together=3)` reads its results in input order; a reader that stops after the
+    first (closes the iterator) leaves no search thread running (two long searches at t=1.3 were
+    under way), and the scorer is free for it."""
+    import threading
+
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
+    from recon.recovery.search import score_ids
+    from recon.recovery.sampling import Sampling
+
+    records = [warm["p026-3"], *hot[:4]]
+    before = threading.active_count()
+    scorer = LocalScorer(model)
+    results = recover(records, bound, scorer, progress=False, together=3)
+    first = next(results)
+    assert first.id == "p026-3" and first.ids == warm["p026-3"].output_ids  # the sampled ids, the data's oracle
+    assert threading.active_count() > before  # the other searches are under way
+    results.close()
+    assert threading.active_count() == before
+    assert score_ids(records[0].prompt_ids, first.ids, scorer, Sampling(0.7)) < 0
+
+
 def test_recover_on_a_dask_cluster_is_the_in_process_run(tmp_path, warm, model, bound):
     """`recon recover --dask`: every worker loads the model once and recovers chunks of records;
     the results come back in input order and equal the in-process run's, record by record (the
-    non-canonical p026-3 among them: its recovered ids are its sampled ids, the data's oracle)."""
+    non-canonical p026-3 among them: its recovered ids are its sampled ids, the data's oracle).
+    So do `--together`'s, where searches share scorer calls."""
     pytest.importorskip("dask.distributed")
     from dask.distributed import Client, LocalCluster
 
@@ -490,6 +517,13 @@ def test_recover_on_a_dask_cluster_is_the_in_process_run(tmp_path, warm, model, 
     back = read_records(tmp_path / "rec.jsonl").records
     assert [r.id for r in back] == ["p026-3", "p001-0"]
     assert [r.meta["recover"]["ids"] for r in back] == [here[0].ids, here[1].ids]
+    # --together: the records searched at once, their scorer calls run as one, the same results in input order
+    together = list(recover(records, bound, make_scorer("local", bound.tok, threads=1), progress=False, together=3))
+    assert [r.id for r in together] == [r.id for r in records]
+    for a, b in zip(here, together):
+        assert (a.ids, a.exact, a.canonical_exact, a.n_candidates, a.error) == (b.ids, b.exact, b.canonical_exact,
+                                                                                  b.n_candidates, b.error)
+        assert b.confidence == pytest.approx(a.confidence, abs=1e-6)
     refused = recon("recover", str(tmp_path / "two.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml",
                     "--scorer", "http://127.0.0.1:9/v1", "--dask", "local", "--out", str(tmp_path / "no.jsonl"))
     assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "--dask" in refused.stderr

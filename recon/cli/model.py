@@ -102,9 +102,9 @@ def add_recover(sub) -> None:
     p.add_argument("--api-key-env", metavar="VAR", help="server: environment variable holding the API key")
     p.add_argument("--model", default="smollm2", help="local: the GGUF model; server: the model name to send")
     p.add_argument("--threads", type=int, help="local: torch threads")
-    p.add_argument("--together", type=int, default=1, metavar="N",
-                   help="local: search N records at once, their scorer calls run as one forward pass (same results, "
-                        "less time: see docs/recovery.md)")
+    p.add_argument("--together", type=int, default=4, metavar="N",
+                   help="local: search N records at once, each round of their scorer calls run as one forward pass "
+                        "(default 4; 1: one at a time; the same ids, less time: see docs/recovery.md)")
     p.add_argument("--top-k", type=int, help="alternatives per position the scorer reports (default: local 64, server 20)")
     p.add_argument("--temperature", type=float,
                    help="score at this temperature (default: the record's meta temperature for the local scorer, else 1)")

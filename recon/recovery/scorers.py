@@ -10,6 +10,7 @@ sequences (prompt + output).
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol, Sequence
 
 from recon.errors import ReconError
@@ -42,9 +43,9 @@ class LocalScorer:
 
     Recovery scores many sequences that share long prefixes. Every position run is kept in a
     :class:`~recon.recovery.prefix_tree.PrefixTree` (keys, values and the distribution after it),
-    so a call runs only the positions no earlier call ran, all of them in one forward pass. The
-    tree is dropped when the sampling changes, or before a call once it holds more than
-    ``max_nodes`` positions (about 48 KB each for SmolLM2-135M: keys and values in 30 layers, and
+    so a call runs only the positions no earlier call ran, all of them in one forward pass. There
+    is a tree per sampling distribution (the last :data:`MAX_TREES` used); all are dropped before
+    a call once together they hold more than ``max_nodes`` positions (about 48 KB each for SmolLM2-135M: keys and values in 30 layers, and
     the last hidden state).
 
     ``sampling`` (a :class:`~recon.recovery.sampling.Sampling`, an optional keyword beyond the
@@ -60,25 +61,44 @@ class LocalScorer:
 
     def __init__(self, model, top_k: int = 64, max_nodes: int = 20_000):
         self.model, self.top_k, self.max_nodes = model, top_k, max_nodes
-        self._tree = None
+        #: one tree per sampling distribution, the most recently used last (records searched
+        #: together may be sampled differently: each keeps its own tree)
+        self._trees: dict = {}
+        #: one call at a time (searches run together call from several threads, and a caller may
+        #: score while their results come in)
+        self._lock = threading.Lock()
 
     def __call__(self, sequences, temperature=1.0, alternatives=None, sampling=None):
-        from recon.recovery.prefix_tree import PrefixTree
         from recon.recovery.sampling import Sampling
 
         sampling = sampling or Sampling(temperature)
         seqs = [list(map(int, s)) for s in sequences]
         if not isinstance(alternatives, list):
             alternatives = [alternatives or {}] if len(seqs) == 1 else [{} for _ in seqs]
-        tree = self._tree
-        if tree is None or tree.sampling != sampling or len(tree) > self.max_nodes:
-            tree = self._tree = PrefixTree(self.model, sampling, self.top_k)
-        return tree.score(seqs, alternatives)
+        with self._lock:
+            return self._tree_for(sampling).score(seqs, alternatives)
+
+    def _tree_for(self, sampling):
+        from recon.recovery.prefix_tree import PrefixTree
+
+        if sum(map(len, self._trees.values())) > self.max_nodes:
+            self._trees.clear()  # (memory: every tree starts again)
+        tree = self._trees.pop(sampling, None)
+        if tree is None:
+            tree = PrefixTree(self.model, sampling, self.top_k)
+            while len(self._trees) >= MAX_TREES:
+                del self._trees[next(iter(self._trees))]  # the least recently used
+        self._trees[sampling] = tree
+        return tree
 
     @property
     def tokens_run(self) -> int:
-        """Positions run through the model by the current tree (for benchmarks)."""
-        return self._tree.tokens_run if self._tree is not None else 0
+        """Positions run through the model by the current trees (for benchmarks)."""
+        return sum(tree.tokens_run for tree in self._trees.values())
+
+
+#: sampling distributions a :class:`LocalScorer` keeps a prefix tree for at once
+MAX_TREES = 4
 
 
 def make_scorer(spec: str, tok: Tokenizer, *, model: str = "smollm2", threads: int | None = None, top_k: int | None = None,

@@ -20,6 +20,11 @@ import threading
 from typing import Callable, Iterator, Sequence
 
 
+class Stopped(BaseException):
+    """Raised in a search whose run was stopped (its results are no longer read). A
+    BaseException, so that a search's own error handling does not take it for the record's."""
+
+
 class _Call:
     __slots__ = ("order", "sequences", "temperature", "alternatives", "kwargs", "result", "error", "done")
 
@@ -44,6 +49,7 @@ class SharedScorer:
         self._working = workers  # threads that will call again (a thread between records counts)
         self._waiting: list[_Call] = []
         self._local = threading.local()
+        self._stopped = False
 
     def set_order(self, order: int) -> None:
         """The record the calling thread searches now (its calls run in this order in a round)."""
@@ -52,20 +58,34 @@ class SharedScorer:
     def __call__(self, sequences, temperature=1.0, alternatives=None, **kwargs):
         call = _Call(self._local.order, sequences, temperature, alternatives, kwargs)
         with self._cond:
+            if self._stopped:
+                raise Stopped
             self._waiting.append(call)
             if len(self._waiting) >= self._working:
                 self._run_round()
-            while not call.done:
+            while not call.done and not self._stopped:
                 self._cond.wait()
+            if not call.done:
+                raise Stopped
         if call.error is not None:
             raise call.error
         return call.result
+
+    def stop(self) -> None:
+        """Every search waiting, or calling from now on, raises :class:`Stopped`."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     def leave(self) -> None:
         """The calling thread has no more records: rounds no longer wait for it."""
         with self._cond:
             self._working -= 1
-            if self._waiting and len(self._waiting) >= self._working:
+            if self._waiting and len(self._waiting) >= self._working and not self._stopped:
                 self._run_round()
 
     def _run_round(self) -> None:
@@ -111,7 +131,9 @@ class _Failed:
 def run_together(jobs: Sequence, work: Callable[[int, object, SharedScorer], object], scorer, workers: int) -> Iterator:
     """``work(k, jobs[k], shared)`` for every job, ``workers`` at a time in threads sharing one
     :class:`SharedScorer`; the results in job order, each as soon as it and those before it are
-    done. ``work`` must not raise (a search's failure is its record's result)."""
+    done. ``work`` must not raise (a search's failure is its record's result). When the reader
+    stops early (closes the iterator, or is interrupted), the searches still running are stopped
+    (:class:`Stopped`) and the threads joined."""
     shared = SharedScorer(scorer, workers)
     lock = threading.Lock()
     nxt = iter(range(len(jobs)))
@@ -120,7 +142,7 @@ def run_together(jobs: Sequence, work: Callable[[int, object, SharedScorer], obj
 
     def worker() -> None:
         try:
-            while True:
+            while not shared.stopped:
                 with lock:
                     k = next(nxt, None)
                 if k is None:
@@ -140,13 +162,16 @@ def run_together(jobs: Sequence, work: Callable[[int, object, SharedScorer], obj
     shared._working = len(threads)
     for t in threads:
         t.start()
-    for k in range(len(jobs)):
-        with ready:
-            while k not in results:
-                ready.wait()
-            out = results.pop(k)
-        if isinstance(out, _Failed):
-            raise out.error
-        yield out
-    for t in threads:
-        t.join()
+    try:
+        for k in range(len(jobs)):
+            with ready:
+                while k not in results:
+                    ready.wait()
+                out = results.pop(k)
+            if isinstance(out, _Failed):
+                raise out.error
+            yield out
+    finally:  # all read, or the reader stopped (closed, interrupted, raised): no thread goes on
+        shared.stop()
+        for t in threads:
+            t.join()
