@@ -134,6 +134,7 @@ def run_together(jobs: Sequence, work: Callable[[int, object, SharedScorer], obj
     done. ``work`` must not raise (a search's failure is its record's result). When the reader
     stops early (closes the iterator, or is interrupted), the searches still running are stopped
     (:class:`Stopped`) and the threads joined."""
+    workers = min(workers, len(jobs))
     shared = SharedScorer(scorer, workers)
     lock = threading.Lock()
     nxt = iter(range(len(jobs)))
@@ -158,8 +159,7 @@ def run_together(jobs: Sequence, work: Callable[[int, object, SharedScorer], obj
         finally:
             shared.leave()
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(workers, len(jobs)))]
-    shared._working = len(threads)
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
     for t in threads:
         t.start()
     try:
