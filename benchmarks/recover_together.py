@@ -2,6 +2,8 @@
 
     python benchmarks/recover_together.py                                   # 16 of each held-out file, N = 1, 4, 8
     python benchmarks/recover_together.py --limit 40 --together 1,8 --inputs data/heldout-t1.3.jsonl
+    python benchmarks/recover_together.py --all --together 4 --shard 0/2 &   # every held-out sample, against
+    python benchmarks/recover_together.py --all --together 4 --shard 1/2     # the bundled rows (one at a time)
 
 Each setting recovers the same records with a fresh local scorer (one torch thread, so CPU
 seconds and wall seconds agree), the settings in turn. Printed per setting: wall and CPU
@@ -9,11 +11,16 @@ seconds, the ratio to the first setting, how many records come back with the fir
 ids and how many exactly as sampled (the records' own output_ids, the oracle). Why it is faster:
 a forward pass costs ~55 ms before its first position (docs/recovery.md, Limits), and N
 searches share each pass. Needs the ``generate`` extra.
+
+``--all`` takes every held-out file (the four `data/heldout-*.jsonl`), no limit, and compares
+each record with its bundled row (``data/recover-heldout*.jsonl``, made one search at a time):
+exactness, failure and confidence (the rows keep 6 decimals).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -28,7 +35,11 @@ def main() -> None:
     parser.add_argument("--inputs", type=Path, nargs="+", default=INPUTS, help="sample files (records with prompt_ids)")
     parser.add_argument("--limit", type=int, default=16, help="the first N records of each file")
     parser.add_argument("--together", default="1,4,8", help="settings, comma-separated (the first is the reference)")
+    parser.add_argument("--all", action="store_true", help="every held-out sample, each compared with its bundled row")
+    parser.add_argument("--shard", default="0/1", help="i/n: every n-th record from the i-th (run n at once)")
     args = parser.parse_args()
+    if args.all:
+        args.inputs, args.limit = sorted(DATA.glob("heldout-*.jsonl")), None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from recon import load_tokenizer
     from recon.audit.profiles import load_profile
@@ -39,6 +50,10 @@ def main() -> None:
     tok = load_tokenizer("smollm2")
     bound = load_profile("chatml").bind(tok)
     records = [r for path in args.inputs for r in read_records(path, vocab_size=tok.vocab_size).records[: args.limit]]
+    shard, shards = map(int, args.shard.split("/"))
+    records = records[shard::shards]
+    rows = {(r["dataset"], r["id"]): r for path in DATA.glob("recover-heldout*.jsonl")
+            for r in map(json.loads, path.read_text().splitlines())} if args.all else {}
     settings = [int(n) for n in args.together.split(",")]
     print(f"{len(records)} records from {', '.join(p.name for p in args.inputs)}")
     print("| together | wall s | CPU s | wall vs first | same ids as first | exact (= sampled) |")
@@ -55,6 +70,23 @@ def main() -> None:
         same = sum(a == b for a, b in zip(first[1], ids))
         exact = sum(r.ids is not None and r.ids == rec.output_ids for r, rec in zip(results, records))
         print(f"| {n} | {wall:.1f} | {cpu:.1f} | {first[0] / wall:.2f}x | {same}/{len(records)} | {exact} |", flush=True)
+        if rows:
+            against_rows(records, results, rows)
+
+
+def against_rows(records, results, rows: dict) -> None:
+    """Each result beside its bundled row: exactness and confidence (and where they differ)."""
+    agree, gap, differ = 0, 0.0, []
+    for rec, res in zip(records, results):
+        row = rows[rec.dataset, rec.id]
+        if (res.ids == rec.output_ids) == row["exact"]:
+            agree += 1
+        else:
+            differ.append(rec.id)
+        if res.confidence is not None and row["confidence"] is not None:
+            gap = max(gap, abs(res.confidence - row["confidence"]))
+    print(f"against the bundled rows: exactness the same for {agree}/{len(records)}"
+          + (f" (differ: {', '.join(differ)})" if differ else "") + f"; largest confidence difference {gap:.2e}")
 
 
 if __name__ == "__main__":
