@@ -176,6 +176,13 @@ def test_cli_recover_without_torch_is_one_line():
     assert "'generate' extra" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_cli_recover_refuses_together_below_one(tmp_path):
+    run = recon("recover", str(DATA / "smollm2-t0.7.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml",
+                "--together", "0", "--out", str(tmp_path / "out.jsonl"))
+    assert run.returncode == 2 and run.stderr.strip().count("\n") == 0
+    assert "--together 0" in run.stderr and "Traceback" not in run.stderr
+
+
 def test_cli_recover_writes_meta_and_a_summary(tmp_path, warm, model):
     write_records([warm["p026-3"], warm["p001-0"]], tmp_path / "two.jsonl")
     run = recon("recover", str(tmp_path / "two.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml", "--threads", "1",

@@ -31,6 +31,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
         if out.done:
             print(f"resuming {args.out}: {len(data.records) - len(todo)} records done, {len(todo)} to go", flush=True)
         api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+        if args.together < 1:
+            raise ReconError(f"--together {args.together}: expected 1 or more (searches run at once)")
         if args.dask and args.scorer != "local":
             raise ReconError("--dask runs the local scorer on the cluster's workers; a server scorer needs no cluster")
         scorer = make_scorer(args.scorer, tok, model=args.model, threads=args.threads, top_k=args.top_k,
@@ -42,7 +44,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
                 from recon.recovery.distributed import recover_on_dask
 
                 spec = (args.tokenizer, args.family, args.profile, args.model, args.threads, args.top_k)
-                results = recover_on_dask(todo, spec, args.dask, temperature=args.temperature, lookahead=args.lookahead)
+                results = recover_on_dask(todo, spec, args.dask, temperature=args.temperature, lookahead=args.lookahead,
+                                          together=args.together)
             else:
                 results = recover(todo, bound, scorer, temperature=args.temperature, lookahead=args.lookahead,
                                   progress=None if terminal else False, together=args.together) if todo else []
@@ -103,8 +106,9 @@ def add_recover(sub) -> None:
     p.add_argument("--model", default="smollm2", help="local: the GGUF model; server: the model name to send")
     p.add_argument("--threads", type=int, help="local: torch threads")
     p.add_argument("--together", type=int, default=4, metavar="N",
-                   help="local: search N records at once, each round of their scorer calls run as one forward pass "
-                        "(default 4; 1: one at a time; the same ids, less time: see docs/recovery.md)")
+                   help="local (and each --dask worker): search N records at once, each round of their scorer calls "
+                        "run as one forward pass (default 4; 1: one at a time; the same ids, less time: "
+                        "see docs/recovery.md)")
     p.add_argument("--top-k", type=int, help="alternatives per position the scorer reports (default: local 64, server 20)")
     p.add_argument("--temperature", type=float,
                    help="score at this temperature (default: the record's meta temperature for the local scorer, else 1)")
