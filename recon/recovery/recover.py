@@ -174,8 +174,9 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
     else 1; the sampler's truncation (``top_p``, ``top_k``, ``min_p`` in ``meta``) where the scorer
     can apply it. Records without ``prompt_ids`` get an error (the model needs the context), and so
     does a record whose search raised (:func:`search_failed`: one line naming it); every record gets a
-    result, in order. ``together``: searches run at once, their scorer calls run as one
-    (:mod:`recon.recovery.together`; the local scorer only), results the same for any value."""
+    result, in order. ``together``: searches run at once, each round of their scorer calls run as
+    one (:mod:`recon.recovery.together`; the local scorer only): the same ids for any value, a
+    confidence within float rounding (positions batched with others round differently)."""
     from tqdm.auto import tqdm
 
     seg = Segmenter(bound.tok)

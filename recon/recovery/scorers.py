@@ -45,8 +45,9 @@ class LocalScorer:
     :class:`~recon.recovery.prefix_tree.PrefixTree` (keys, values and the distribution after it),
     so a call runs only the positions no earlier call ran, all of them in one forward pass. There
     is a tree per sampling distribution (the last :data:`MAX_TREES` used); all are dropped before
-    a call once together they hold more than ``max_nodes`` positions (about 48 KB each for SmolLM2-135M: keys and values in 30 layers, and
-    the last hidden state).
+    a call once together they hold more than ``max_nodes`` positions (about 48 KB each for
+    SmolLM2-135M: keys and values in 30 layers, and the last hidden state). One call runs at a
+    time (searches run together call from several threads).
 
     ``sampling`` (a :class:`~recon.recovery.sampling.Sampling`, an optional keyword beyond the
     :class:`Scorer` protocol, announced by ``truncates = True``) scores under the sampler's own
