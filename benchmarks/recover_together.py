@@ -7,7 +7,8 @@
 
 Each setting recovers the same records with a fresh local scorer (one torch thread, so CPU
 seconds and wall seconds agree), the settings in turn. Printed per setting: wall and CPU
-seconds, the ratio to the first setting, how many records come back with the first setting's
+seconds, the ratio to the first setting, the positions run through the model and the forward
+passes that ran them, how many records come back with the first setting's
 ids and how many exactly as sampled (the records' own output_ids, the oracle). Why it is faster:
 a forward pass costs ~55 ms before its first position (docs/recovery.md, Limits), and N
 searches share each pass. Needs the ``generate`` extra.
@@ -56,8 +57,8 @@ def main() -> None:
             for r in map(json.loads, path.read_text().splitlines())} if args.all else {}
     settings = [int(n) for n in args.together.split(",")]
     print(f"{len(records)} records from {', '.join(p.name for p in args.inputs)}")
-    print("| together | wall s | CPU s | wall vs first | same ids as first | exact (= sampled) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| together | wall s | CPU s | wall vs first | positions | passes | same ids as first | exact (= sampled) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     first = None
     for n in settings:
         scorer = make_scorer("local", tok, threads=1)
@@ -69,7 +70,8 @@ def main() -> None:
             first = (wall, ids)
         same = sum(a == b for a, b in zip(first[1], ids))
         exact = sum(r.ids is not None and r.ids == rec.output_ids for r, rec in zip(results, records))
-        print(f"| {n} | {wall:.1f} | {cpu:.1f} | {first[0] / wall:.2f}x | {same}/{len(records)} | {exact} |", flush=True)
+        print(f"| {n} | {wall:.1f} | {cpu:.1f} | {first[0] / wall:.2f}x | {scorer.positions_run:,} | {scorer.passes_run:,} "
+              f"| {same}/{len(records)} | {exact} |", flush=True)
         if rows:
             against_rows(records, results, rows)
 

@@ -56,7 +56,8 @@ class PrefixTree:
         #: the logits are the output layer of the last hidden state (as LlamaForCausalLM computes them)
         self.plain_head = not (getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None))
         self.hidden = None  # [capacity, hidden size], slot = node index
-        self.tokens_run = 0
+        self.tokens_run = 0  # positions run through the model
+        self.passes_run = 0  # forward passes that ran them
 
     def __len__(self) -> int:
         return len(self.parent)
@@ -160,6 +161,7 @@ class PrefixTree:
                 logits = out.logits[0]
             self._read(nodes, self.sampling.log_probs(logits), asked, nexts, fresh=True)
         self.tokens_run += m
+        self.passes_run += 1
 
     def _head(self, nodes: list[int], asked: dict[int, set[int]], nexts: dict[int, set[int]]) -> None:
         """Ids asked for at nodes already run: the output layer on their kept hidden states, no pass."""

@@ -68,6 +68,8 @@ class LocalScorer:
         #: one call at a time (searches run together call from several threads, and a caller may
         #: score while their results come in)
         self._lock = threading.Lock()
+        #: positions run through the model, and forward passes, over the scorer's life (for benchmarks)
+        self.positions_run = self.passes_run = 0
 
     def __call__(self, sequences, temperature=1.0, alternatives=None, sampling=None):
         from recon.recovery.sampling import Sampling
@@ -77,7 +79,12 @@ class LocalScorer:
         if not isinstance(alternatives, list):
             alternatives = [alternatives or {}] if len(seqs) == 1 else [{} for _ in seqs]
         with self._lock:
-            return self._tree_for(sampling).score(seqs, alternatives)
+            tree = self._tree_for(sampling)
+            positions, passes = tree.tokens_run, tree.passes_run
+            out = tree.score(seqs, alternatives)
+            self.positions_run += tree.tokens_run - positions
+            self.passes_run += tree.passes_run - passes
+            return out
 
     def _tree_for(self, sampling):
         from recon.recovery.prefix_tree import PrefixTree
