@@ -67,8 +67,11 @@ def _cold_file(tok, end: str, path: Path, n: int = 240) -> int:
     return exact
 
 
+@pytest.mark.parametrize("kernel", ["compiled", "python"])
 @pytest.mark.parametrize("name", sorted(PROFILES))
-def test_fast_and_native_give_identical_rows_on_cold_text(name, tokenizers, kimi, kimi_dir, tmp_path):
+def test_fast_and_native_give_identical_rows_on_cold_text(name, kernel, tokenizers, kimi, kimi_dir, tmp_path):
+    """Both builds of the per-id loops (recon.kernel: compiled, and the Python twins an install
+    without a C compiler runs) against the native encoder."""
     tok = kimi if name == "kimi-k2.5" else tokenizers[name]
     spec = str(kimi_dir) if name == "kimi-k2.5" else name
     profile = PROFILES[name]
@@ -80,7 +83,8 @@ def test_fast_and_native_give_identical_rows_on_cold_text(name, tokenizers, kimi
     exact = _cold_file(tok, end, data)
     run = subprocess.run([sys.executable, "-m", "recon.cli", "audit", str(data), "--tokenizer", spec, "--profile", profile,
                           "--method", "concat", "--check", "native", "--json"],
-                         capture_output=True, text=True, cwd=ROOT, env=os.environ, timeout=600)
+                         capture_output=True, text=True, cwd=ROOT, timeout=600,
+                         env={**os.environ, "RECON_KERNEL": "1" if kernel == "compiled" else "0"})
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)
     assert summary["check"] == {"encoder": "native", "rows": 240}

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from recon.errors import ReconError, one_line
+from recon.kernel import ids_ok
 from recon.samples.io import RecordError, bad_record_count, iter_raw_lines, parse_line
 from recon.samples.seen import SeenIds
 
@@ -130,8 +131,8 @@ def _ids(value: Any, name: str, vocab_size: int | None, p: _Problems, allow_empt
     if not value and not allow_empty:
         p.add(name, "empty")
         return None
-    if value and set(map(type, value)) == {int} and min(value) >= 0 and (vocab_size is None or max(value) < vocab_size):
-        return value  # the common case, checked at C speed; otherwise find the first bad item
+    if ids_ok(value, -1 if vocab_size is None else vocab_size):
+        return value  # the common case, checked in one C loop; otherwise find the first bad item
     for k, i in enumerate(value):
         if type(i) is not int:
             p.add(name, f"item {k} is {i!r} ({type(i).__name__}), not an int")

@@ -21,6 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
+from recon.kernel import join
 from recon.tokenizers.fast.canonical import CanonicalCheck
 from recon.tokenizers.fast.pretokenize import Boundaries
 from recon.tokenizers.fast.wordcache import WordCache
@@ -164,13 +165,7 @@ class Tokenizer(ABC):
         if table is None:  # None where the native decode must say: joining refuses it
             table = [None if i in unjoined else data for i, data in enumerate(self.token_bytes)]
             self._join_table = table
-        get, join = table.__getitem__, b"".join
-        out: list[str | None] = []
-        for ids in batch:
-            try:  # (a negative id would index from the end: refused first)
-                out.append(join(map(get, ids)).decode("utf-8", "replace") if min(ids, default=0) >= 0 else None)
-            except (IndexError, TypeError):
-                out.append(None)
+        out: list[str | None] = [join(ids, table, True) for ids in batch]
         slow = [k for k, text in enumerate(out) if text is None]
         if slow:
             for k, text in zip(slow, native([list(batch[k]) for k in slow])):

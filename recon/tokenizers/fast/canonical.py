@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 import regex
 
+from recon.kernel import count_in, flatten, slices
 from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
 from recon.tokenizers.fast.glue import GluedEncoder
 from recon.tokenizers.fast.wordcache import WordCache
@@ -90,15 +91,14 @@ class CanonicalCheck:
         self._glued = GluedEncoder(cache, token_bytes, byte_lengths, first, last, self._rules, classes, rules.glue,
                                    encode_glued)
         self._prefixes, self._inside = _prefix_counts(cache, vocab_size)
-        #: the prefixes grouped by first character: a text without it is one scan, not one a prefix
-        self._prefix_groups = [(c, [p for p in self._prefixes if p[0] == c])
-                               for c in sorted({p[0] for p in self._prefixes})] if self._prefixes is not None else []
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
         self._single = np.full(vocab_size, -1, dtype=np.int8)
         #: a stretch of 2.._pack tokens packed into one int: ``_bits`` bits per id + 1
         self._bits = max(1, vocab_size.bit_length())
         self._pack = 64 // self._bits
-        self._runs: set[int] = set()  # packed stretches known to be their text's encoding
+        #: packed stretches known to be their text's encoding, sorted (a look-up is one
+        #: ``searchsorted`` for the whole batch, 8 bytes a key)
+        self._runs = np.zeros(0, dtype=np.uint64)
         self._long: set[bytes] = set()  # longer ones, as their ids' int32 bytes
         self.max_runs = max_runs
 
@@ -122,7 +122,10 @@ class CanonicalCheck:
         if not spelled:
             return out
         counts = np.fromiter(map(len, (guesses[k] for k in spelled)), np.int64, len(spelled))
-        flat = np.fromiter(chain.from_iterable(guesses[k] for k in spelled), np.int64, int(counts.sum()))
+        try:
+            flat = np.frombuffer(flatten([guesses[k] for k in spelled]), np.int64)
+        except (TypeError, OverflowError):  # ids given as something else than lists of ints
+            flat = np.fromiter(chain.from_iterable(guesses[k] for k in spelled), np.int64, int(counts.sum()))
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         inside = (flat >= 0) & (flat < len(self._byte_lengths))  # (a decode skips ids it doesn't know)
         known, ascii_ = np.zeros(len(flat), dtype=bool), np.zeros(len(flat), dtype=bool)
@@ -159,7 +162,7 @@ class CanonicalCheck:
             sample = np.searchsorted(starts, first[bad], side="right") - 1
             fixable = extracted[sample]
             bad, sample = bad[fixable], sample[fixable]
-            encoded = self._encode([flat[first[b] : first[b] + size[b]].tolist() for b in bad.tolist()])
+            encoded = self._encode(slices(flat, first[bad], size[bad]))
             spliced: dict[int, list[int]] = {}
             at: dict[int, int] = {}  # per sample: how far its guess is copied
             unsure: set[int] = set()  # (a stretch with no encoding: the caller encodes the sample)
@@ -178,9 +181,9 @@ class CanonicalCheck:
                 guess = guesses[spelled[s]]
                 out[spelled[s]] = done + list(guess[at[s] :])
         if len(self._runs) + len(self._long) > self.max_runs:  # full: keep what this batch used
-            runs, longs = self._runs.intersection(keys), self._long.intersection(tuples)
+            runs, longs = np.intersect1d(self._runs, keys), self._long.intersection(tuples)
             if len(runs) + len(longs) > self.max_runs // 2:
-                runs, longs = set(), set()
+                runs, longs = np.zeros(0, dtype=np.uint64), set()
             self._runs, self._long = runs, longs
         return out
 
@@ -225,27 +228,26 @@ class CanonicalCheck:
         # most texts hold an added token's opening characters only inside the added tokens their
         # ids hold: then the encoder extracts exactly those (see _prefix_counts); the rest are
         # extracted as the cache does it
-        quick = self._prefixes is not None
-        if quick:
+        quick = [False] * len(spelled)
+        if self._prefixes is not None:
             inside = np.zeros(len(spelled), dtype=np.int64)
             np.add.at(inside, sample, self._inside[flat[at]])
-            inside = inside.tolist()
-        groups = self._prefix_groups
+            found = np.frombuffer(count_in([texts[k] for k in spelled], self._prefixes), np.int64)
+            quick = (found == inside).tolist()
         ok = []
-        for j, (k, spans) in enumerate(zip(spelled, held)):
+        for k, spans, only_held in zip(spelled, held, quick):
             text = texts[k]
-            if quick and sum(sum(map(text.count, group)) for c, group in groups if c in text) == inside[j] \
-                    and not self._cache.bails(text):
+            if only_held and not self._cache.bails(text):
                 ok.append(True)
             else:
                 ok.append(_in_bytes(text, self._cache.added_spans(text)) == spans)
         return np.array(ok, dtype=bool)
 
     def _stretches_known(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray,
-                         added: np.ndarray) -> tuple[np.ndarray, list[int], list[bytes]]:
+                         added: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
         """Per stretch (``size[s]`` tokens from ``flat[first[s]]``): whether it is its own text's
-        encoding; and the keys of the stretches of two tokens or more: packed in an int, or
-        longer ones as their ids' bytes.
+        encoding; and the keys of the stretches of two tokens or more: packed in an int (an
+        array), or longer ones as their ids' bytes.
         Stretches not seen before are learned together, in one batch encode."""
         good = np.ones(len(first), dtype=bool)  # an added token alone: extracted where it should be
         lone = np.flatnonzero((size == 1) & ~added[first])
@@ -253,36 +255,36 @@ class CanonicalCheck:
         long = np.flatnonzero(size > self._pack)
         lone_ids = flat[first[lone]]
         packed_keys = self._packed(flat, first[packed], size[packed])
-        keys = packed_keys.tolist()
         tuples = _slices(flat, first[long], size[long])
-        runs, longs = self._runs, self._long
+        longs = self._long
         new_lone = np.unique(lone_ids[self._single[lone_ids] < 0]).tolist()
-        packed_hit = np.fromiter(map(runs.__contains__, keys), bool, len(keys))
-        missing = np.unique(packed_keys[~packed_hit])
-        new_packed = dict(zip(missing.tolist(), self._unpacked(missing)))
+        packed_hit = _member(self._runs, packed_keys)
+        missing, where = np.unique(packed_keys[~packed_hit], return_index=True)
+        where = packed[~packed_hit][where]  # a stretch with each missing key
+        new_packed = slices(flat, first[where], size[where])
         long_hit = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
         new_long = list(dict.fromkeys(compress(tuples, (~long_hit).tolist())))
-        stretches = [[i] for i in new_lone] + list(new_packed.values()) + \
+        stretches = [[i] for i in new_lone] + new_packed + \
             [memoryview(t).cast("i").tolist() for t in new_long]
-        learned_packed: list[int] = []
+        learned_packed = np.zeros(0, dtype=np.uint64)
         learned_long: set[bytes] = set()
         if stretches:
             ok = iter(self._learn(stretches))
             for i in new_lone:
                 self._single[i] = next(ok)
-            learned_packed = [key for key in new_packed if next(ok)]
+            learned_packed = missing[np.fromiter((next(ok) for _ in new_packed), bool, len(new_packed))]
             learned_long = {t for t in new_long if next(ok)}
-            runs.update(learned_packed)
+            self._runs = np.union1d(self._runs, learned_packed)
             longs.update(learned_long)
         good[lone] = self._single[lone_ids] == 1
         if len(missing):  # the stretches missed: good where just learned to be
-            packed_hit[~packed_hit] = np.isin(packed_keys[~packed_hit], np.array(learned_packed, dtype=np.uint64))
+            packed_hit[~packed_hit] = _member(learned_packed, packed_keys[~packed_hit])
         good[packed] = packed_hit
         if learned_long:
             long_hit[~long_hit] = np.fromiter(map(learned_long.__contains__, compress(tuples, (~long_hit).tolist())),
                                               bool, int((~long_hit).sum()))
         good[long] = long_hit
-        return good, keys, tuples
+        return good, packed_keys, tuples
 
     def _learn(self, stretches: list[list[int]]) -> list[bool]:
         """Whether each stretch is the encoding of its own text."""
@@ -291,13 +293,6 @@ class CanonicalCheck:
     def _encode(self, stretches: list[list[int]]) -> list[list[int] | None]:
         """The encoding of each stretch's text (None for one whose bytes are not UTF-8)."""
         return self._glued.encode(stretches)
-
-    def _unpacked(self, keys: np.ndarray) -> list[list[int]]:
-        """The ids of each packed stretch (:meth:`_packed` undone)."""
-        mask, bits = np.uint64((1 << self._bits) - 1), np.uint64(self._bits)
-        columns = [((keys >> (bits * np.uint64(j))) & mask).astype(np.int64) - 1 for j in range(self._pack)]
-        ids = np.stack(columns, axis=1).tolist() if len(keys) else []
-        return [[i for i in row if i >= 0] for row in ids]
 
     def _packed(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Each stretch of at most ``_pack`` tokens as one integer: id + 1 in each ``_bits`` bits."""
@@ -343,6 +338,15 @@ def _prefix_counts(cache: WordCache, vocab_size: int) -> tuple[list[str] | None,
             if token_id < vocab_size:
                 inside[token_id] = sum(map(content.count, prefixes))
     return prefixes, inside
+
+
+def _member(known: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Per key: whether it is in ``known`` (sorted, unique): one binary search for them all."""
+    if not len(known):
+        return np.zeros(len(keys), dtype=bool)
+    at = np.searchsorted(known, keys)
+    at[at == len(known)] = 0
+    return known[at] == keys
 
 
 def _slices(flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> list[bytes]:

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from recon.kernel import join
 from recon.tokenizers.fast.pretokenize import ALPHABET
 from recon.tokenizers.fast.wordcache import WordCache
 
@@ -30,6 +31,7 @@ class GluedEncoder:
                  last: np.ndarray, pairs: np.ndarray, classes: np.ndarray, preferred: str | None,
                  encode_glued: Callable[[str], list[int] | None] | None):
         self._cache, self._token_bytes, self._byte_lengths = cache, token_bytes, byte_lengths
+        self._table = list(token_bytes)  # (the kernel's join takes a list)
         self._first, self._last, self._pairs = first, last, pairs
         self._native = encode_glued
         self._encode_glued = encode_glued or (lambda text: cache.encode_batch([text])[0])
@@ -69,8 +71,8 @@ class GluedEncoder:
         The encoding comes apart at the glue when each glue character is a token of its own at
         its place (else, say where an added token's text spans the glue, or where the glued text
         is not one the encoder vouches for, the stretches are encoded one by one)."""
-        get = self._token_bytes.__getitem__
-        data = [b"".join(map(get, ids)) for ids in stretches]
+        table, get = self._table, self._token_bytes.__getitem__
+        data = [join(ids, table, False) or b"".join(map(get, ids)) for ids in stretches]
         out: list[list[int] | None] = [None] * len(stretches)
         if self.glues and len(stretches) > 1:
             firsts = self._first[np.fromiter((ids[0] for ids in stretches), np.int64, len(stretches))]

@@ -1,0 +1,228 @@
+/* recon._kernel: the few per-id loops an audit runs over every id of every record, in C.
+ *
+ * Why: on cold data an audit touches each id a handful of times (validate it, look its bytes up,
+ * copy it into the chunk's array), and in Python each touch is an interpreter step: together
+ * about a third of the audit's time. Each function here is one such loop, with the same answer
+ * as its pure-Python twin in recon/kernel.py (the fallback where this file was not compiled,
+ * and the reference the tests compare it with). Nothing here calls back into Python, so the
+ * lists can't change while they are read.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+/* ids_ok(value, vocab_size) -> bool: value is a non-empty list whose every item is an int
+ * (exactly: not a bool) in 0..vocab_size-1, or >= 0 where vocab_size is negative (unknown). */
+static PyObject *ids_ok(PyObject *self, PyObject *args) {
+    PyObject *value;
+    long long vocab;
+    if (!PyArg_ParseTuple(args, "OL", &value, &vocab))
+        return NULL;
+    if (!PyList_CheckExact(value) || PyList_GET_SIZE(value) == 0)
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PyList_GET_SIZE(value);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PyList_GET_ITEM(value, k);
+        if (!PyLong_CheckExact(item))
+            Py_RETURN_FALSE;
+        int overflow; /* -1 below, 1 above what a long long holds */
+        long long id = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow < 0 || (!overflow && id < 0) || (vocab >= 0 && (overflow > 0 || id >= vocab)))
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* The bytes of ids joined from table (a list of bytes, or None where a token must not be joined):
+ * the joined length, or -1 where some id is not an int in range or its entry is not bytes. */
+static Py_ssize_t joined_size(PyObject **items, Py_ssize_t n, PyObject *table) {
+    Py_ssize_t size = 0, entries = PyList_GET_SIZE(table);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!PyLong_CheckExact(items[k]))
+            return -1;
+        int overflow;
+        long long id = PyLong_AsLongLongAndOverflow(items[k], &overflow);
+        if (overflow || id < 0 || id >= entries)
+            return -1;
+        PyObject *entry = PyList_GET_ITEM(table, id);
+        if (!PyBytes_CheckExact(entry))
+            return -1;
+        size += PyBytes_GET_SIZE(entry);
+    }
+    return size;
+}
+
+static void copy_joined(char *out, PyObject **items, Py_ssize_t n, PyObject *table) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *entry = PyList_GET_ITEM(table, PyLong_AsLongLong(items[k]));
+        Py_ssize_t size = PyBytes_GET_SIZE(entry);
+        memcpy(out, PyBytes_AS_STRING(entry), size);
+        out += size;
+    }
+}
+
+/* join(ids, table, text) -> bytes, or str (UTF-8 decoded, invalid bytes replaced) where text is
+ * true; None where an id is not an int indexing a bytes entry of table (the caller asks the
+ * tokenizer then). ids: a list or tuple. */
+static PyObject *join(PyObject *self, PyObject *args) {
+    PyObject *ids, *table;
+    int text;
+    if (!PyArg_ParseTuple(args, "OO!p", &ids, &PyList_Type, &table, &text))
+        return NULL;
+    if (!PyList_CheckExact(ids) && !PyTuple_CheckExact(ids))
+        Py_RETURN_NONE;
+    PyObject **items = PySequence_Fast_ITEMS(ids);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+    Py_ssize_t size = joined_size(items, n, table);
+    if (size < 0)
+        Py_RETURN_NONE;
+    if (!text) {
+        PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+        if (out != NULL)
+            copy_joined(PyBytes_AS_STRING(out), items, n, table);
+        return out;
+    }
+    char *buffer = PyMem_Malloc(size ? size : 1);
+    if (buffer == NULL)
+        return PyErr_NoMemory();
+    copy_joined(buffer, items, n, table);
+    PyObject *out = PyUnicode_DecodeUTF8(buffer, size, "replace");
+    PyMem_Free(buffer);
+    return out;
+}
+
+/* flatten(lists) -> bytes: every int of every list (or tuple) in lists, in order, as native int64.
+ * Raises TypeError for an item that is not an exact int, OverflowError past int64 (the caller
+ * takes the slow way then). */
+static PyObject *flatten(PyObject *self, PyObject *args) {
+    PyObject *lists;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &lists))
+        return NULL;
+    Py_ssize_t count = 0, m = PyList_GET_SIZE(lists);
+    for (Py_ssize_t j = 0; j < m; j++) { /* every type first: a TypeError wins over an OverflowError */
+        PyObject *ids = PyList_GET_ITEM(lists, j);
+        if (!PyList_CheckExact(ids) && !PyTuple_CheckExact(ids))
+            goto not_ints;
+        PyObject **items = PySequence_Fast_ITEMS(ids);
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+        for (Py_ssize_t k = 0; k < n; k++)
+            if (!PyLong_CheckExact(items[k]))
+                goto not_ints;
+        count += n;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(long long));
+    if (out == NULL)
+        return NULL;
+    long long *at = (long long *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *ids = PyList_GET_ITEM(lists, j);
+        PyObject **items = PySequence_Fast_ITEMS(ids);
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+        for (Py_ssize_t k = 0; k < n; k++) {
+            long long id = PyLong_AsLongLong(items[k]);
+            if (id == -1 && PyErr_Occurred()) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            *at++ = id;
+        }
+    }
+    return out;
+not_ints:
+    PyErr_SetString(PyExc_TypeError, "flatten: expected lists or tuples of ints");
+    return NULL;
+}
+
+/* count_in(texts, needles) -> bytes: per text (a str), how often the needles (strs) occur in it,
+ * each counted as str.count counts (non-overlapping), summed; native int64. */
+static PyObject *count_in(PyObject *self, PyObject *args) {
+    PyObject *texts, *needles;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &texts, &PyList_Type, &needles))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(texts), m = PyList_GET_SIZE(needles);
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (!PyUnicode_Check(PyList_GET_ITEM(needles, j))) {
+            PyErr_SetString(PyExc_TypeError, "count_in: expected lists of str");
+            return NULL;
+        }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(long long));
+    if (out == NULL)
+        return NULL;
+    long long *at = (long long *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *text = PyList_GET_ITEM(texts, k);
+        if (!PyUnicode_Check(text)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "count_in: expected lists of str");
+            return NULL;
+        }
+        long long total = 0;
+        for (Py_ssize_t j = 0; j < m; j++) {
+            Py_ssize_t found = PyUnicode_Count(text, PyList_GET_ITEM(needles, j), 0, PY_SSIZE_T_MAX);
+            if (found < 0) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            total += found;
+        }
+        at[k] = total;
+    }
+    return out;
+}
+
+/* slices(flat, starts, sizes) -> list[list[int]]: flat[starts[k]:starts[k] + sizes[k]] for each k,
+ * as lists of ints; all three native int64 buffers (C-contiguous), every slice inside flat. */
+static PyObject *slices(PyObject *self, PyObject *args) {
+    Py_buffer flat, starts, sizes;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &flat, &starts, &sizes))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t total = flat.len / 8, n = starts.len / 8;
+    const long long *ids = flat.buf, *first = starts.buf, *size = sizes.buf;
+    if (flat.len % 8 || starts.len % 8 || sizes.len != starts.len) {
+        PyErr_SetString(PyExc_ValueError, "slices: expected int64 buffers, as many sizes as starts");
+        goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (first[k] < 0 || size[k] < 0 || first[k] > total - size[k]) {
+            PyErr_SetString(PyExc_IndexError, "slices: a slice runs outside the ids");
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyObject *row = PyList_New(size[k]);
+        if (row == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, k, row);
+        for (long long j = 0; j < size[k]; j++) {
+            PyObject *id = PyLong_FromLongLong(ids[first[k] + j]);
+            if (id == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+            PyList_SET_ITEM(row, j, id);
+        }
+    }
+done:
+    PyBuffer_Release(&flat);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&sizes);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"ids_ok", ids_ok, METH_VARARGS, "ids_ok(value, vocab_size) -> bool"},
+    {"join", join, METH_VARARGS, "join(ids, table, text) -> bytes | str | None"},
+    {"flatten", flatten, METH_VARARGS, "flatten(lists) -> bytes (native int64)"},
+    {"count_in", count_in, METH_VARARGS, "count_in(texts, needles) -> bytes (native int64)"},
+    {"slices", slices, METH_VARARGS, "slices(flat, starts, sizes) -> list[list[int]]"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernel", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__kernel(void) { return PyModule_Create(&module); }

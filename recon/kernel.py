@@ -1,0 +1,81 @@
+"""The per-id loops an audit runs over every id of every record: compiled where the install
+built ``recon/_kernel.c``, else the Python twins below, which give the same answers (and are
+what the tests hold the compiled ones to).
+
+Why: on cold data each id is validated, looked up and copied into a chunk's array, and in
+Python every one of those touches is an interpreter step (about a third of an audit's time).
+The extension is built by ``pip install`` where a C compiler is present; without one the
+install still succeeds (the extension is optional) and these twins run; ``RECON_KERNEL=0`` runs
+them on purpose. :data:`COMPILED` says which ran.
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import chain
+from typing import Sequence
+
+import numpy as np
+
+
+def ids_ok_py(value: object, vocab_size: int) -> bool:
+    """Whether ``value`` is a non-empty list of ints (not bools) in ``0..vocab_size-1`` (any id
+    ``>= 0`` where ``vocab_size`` is negative: not known)."""
+    return (type(value) is list and bool(value) and set(map(type, value)) == {int} and min(value) >= 0
+            and (vocab_size < 0 or max(value) < vocab_size))
+
+
+def join_py(ids: Sequence[int], table: list, text: bool) -> bytes | str | None:
+    """The bytes ``table`` holds for each id, joined (decoded as UTF-8, invalid bytes replaced,
+    where ``text``); None where ``ids`` is not a list or tuple of ints indexing a bytes entry."""
+    if type(ids) not in (list, tuple) or not set(map(type, ids)) <= {int} or min(ids, default=0) < 0:
+        return None
+    try:
+        data = b"".join(map(table.__getitem__, ids))
+    except (IndexError, TypeError):  # past the table, or an entry that is not bytes (None)
+        return None
+    return data.decode("utf-8", "replace") if text else data
+
+
+def flatten_py(lists: list) -> bytes:
+    """Every id of every list (or tuple) in ``lists``, in order, as native int64 bytes; TypeError
+    for an item that is not an int, OverflowError past int64."""
+    if any(type(ids) not in (list, tuple) for ids in lists) or \
+            not set(map(type, chain.from_iterable(lists))) <= {int}:
+        raise TypeError("flatten: expected lists or tuples of ints")
+    return np.fromiter(chain.from_iterable(lists), np.int64).tobytes()
+
+
+def count_in_py(texts: list[str], needles: list[str]) -> bytes:
+    """Per text: how often the needles occur in it (``str.count`` each, summed), as native int64 bytes."""
+    if any(type(n) is not str for n in needles) or any(type(t) is not str for t in texts):
+        raise TypeError("count_in: expected lists of str")
+    return np.array([sum(map(text.count, needles)) for text in texts], dtype=np.int64).tobytes()
+
+
+def slices_py(flat, starts, sizes) -> list[list[int]]:
+    """``flat[starts[k] : starts[k] + sizes[k]]`` for each k, as lists of ints (all three int64
+    arrays or buffers; IndexError for a slice outside ``flat``)."""
+    flat, starts, sizes = (np.frombuffer(memoryview(a).cast("B"), np.int64) for a in (flat, starts, sizes))
+    if len(starts) != len(sizes):
+        raise ValueError("slices: expected int64 buffers, as many sizes as starts")
+    if len(starts) and ((starts < 0).any() or (sizes < 0).any() or (starts > len(flat) - sizes).any()):
+        raise IndexError("slices: a slice runs outside the ids")
+    return [flat[a : a + n].tolist() for a, n in zip(starts.tolist(), sizes.tolist())]
+
+
+try:
+    if os.environ.get("RECON_KERNEL") == "0":  # the twins on purpose (to compare, or to debug)
+        raise ImportError("RECON_KERNEL=0")
+    from recon._kernel import count_in, flatten, ids_ok, join
+    from recon._kernel import slices as _slices
+
+    COMPILED = True
+except ImportError:  # built without a C compiler: the same answers, slower
+    ids_ok, join, flatten, count_in, _slices = ids_ok_py, join_py, flatten_py, count_in_py, slices_py
+    COMPILED = False
+
+
+def slices(flat: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> list[list[int]]:
+    """``flat[starts[k] : starts[k] + sizes[k]].tolist()`` for each k (arrays of ints)."""
+    return _slices(*(np.ascontiguousarray(a, dtype=np.int64) for a in (flat, starts, sizes)))

@@ -1,0 +1,100 @@
+"""The compiled per-id loops (recon/_kernel.c) give what Python's own builtins give, on good
+input and on every kind of bad input a record can carry; their Python twins (the fallback
+without a compiler) too. The oracle is plain Python: ``str.count``, ``bytes.join``, slicing."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recon import kernel
+
+TWINS = [pytest.param(kernel.ids_ok_py, kernel.join_py, kernel.flatten_py, kernel.count_in_py, kernel.slices_py,
+                      id="python")]
+if kernel.COMPILED:
+    from recon import _kernel
+
+    TWINS.append(pytest.param(_kernel.ids_ok, _kernel.join, _kernel.flatten, _kernel.count_in, _kernel.slices,
+                              id="compiled"))
+
+EXAMPLES = settings(max_examples=int(os.environ.get("RECON_HYPOTHESIS_EXAMPLES", 60)) * 3, deadline=None)
+
+#: what an id field can hold after JSON parsing, and then some: ints of every size, bools, floats, None
+ITEM = st.one_of(st.integers(-3, 40), st.integers(-(2**70), 2**70), st.booleans(), st.floats(allow_nan=False),
+                 st.none(), st.just(2**63), st.just(-(2**63)))
+TABLE = st.lists(st.one_of(st.binary(max_size=4), st.none(), st.just("text")), max_size=40)
+
+
+def test_ci_builds_the_compiled_kernel():
+    """In CI the install must have compiled the kernel: its tests below would otherwise run only
+    the Python twins, and the audit's speed would be the fallback's."""
+    if os.environ.get("CI"):
+        assert kernel.COMPILED, "recon/_kernel.c was not compiled by `pip install` (is a C compiler installed?)"
+    assert kernel.COMPILED or not os.environ.get("CI")
+
+
+@pytest.mark.parametrize("ids_ok, join, flatten, count_in, slices", TWINS)
+class TestKernel:
+    @EXAMPLES
+    @given(value=st.one_of(st.lists(ITEM, max_size=8), st.lists(st.integers(0, 50), max_size=8),
+                           st.tuples(st.integers(0, 5)), st.none(), st.text(max_size=3)),
+           vocab=st.sampled_from([-1, 0, 1, 30, 50, 2**62]))
+    def test_ids_ok(self, ids_ok, join, flatten, count_in, slices, value, vocab):
+        want = (isinstance(value, list) and len(value) > 0
+                and all(type(i) is int and i >= 0 and (vocab < 0 or i < vocab) for i in value))
+        assert ids_ok(value, vocab) is want
+
+    @EXAMPLES
+    @given(ids=st.one_of(st.lists(ITEM, max_size=8), st.lists(st.integers(0, 45), max_size=8),
+                         st.tuples(st.integers(0, 45), st.integers(0, 45)), st.just(np.arange(3))),
+           table=TABLE, text=st.booleans())
+    def test_join(self, ids_ok, join, flatten, count_in, slices, ids, table, text):
+        good = (type(ids) in (list, tuple) and all(type(i) is int and 0 <= i < len(table) for i in ids)
+                and all(type(table[i]) is bytes for i in ids))
+        want = None
+        if good:
+            data = b"".join(table[i] for i in ids)
+            want = data.decode("utf-8", "replace") if text else data
+        assert join(ids, table, text) == want
+
+    @EXAMPLES
+    @given(lists=st.lists(st.one_of(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6),
+                                    st.tuples(st.integers(0, 9)), st.lists(ITEM, max_size=3)), max_size=6))
+    def test_flatten(self, ids_ok, join, flatten, count_in, slices, lists):
+        items = [i for ids in lists for i in ids]
+        if any(type(i) is not int for i in items):
+            with pytest.raises(TypeError):
+                flatten(lists)
+        elif not all(-(2**63) <= i < 2**63 for i in items):
+            with pytest.raises(OverflowError):
+                flatten(lists)
+        else:
+            assert np.frombuffer(flatten(lists), np.int64).tolist() == items
+
+    def test_flatten_refuses_what_int64_cannot_hold(self, ids_ok, join, flatten, count_in, slices):
+        with pytest.raises(OverflowError):
+            flatten([[1], [2**63]])
+        with pytest.raises(TypeError):
+            flatten([[1], "ab"])
+
+    @EXAMPLES
+    @given(texts=st.lists(st.text("<|ab|>é日\n", max_size=12), max_size=6),
+           needles=st.lists(st.text("<|ab|>é日", min_size=1, max_size=3), max_size=4))
+    def test_count_in(self, ids_ok, join, flatten, count_in, slices, texts, needles):
+        want = [sum(t.count(n) for n in needles) for t in texts]
+        assert np.frombuffer(count_in(texts, needles), np.int64).tolist() == want
+
+    @EXAMPLES
+    @given(flat=st.lists(st.integers(-(2**40), 2**40), max_size=12), cuts=st.lists(st.tuples(st.integers(-2, 14),
+                                                                                           st.integers(-1, 6)), max_size=5))
+    def test_slices(self, ids_ok, join, flatten, count_in, slices, flat, cuts):
+        arrays = (np.array(flat, np.int64), np.array([a for a, _ in cuts], np.int64), np.array([n for _, n in cuts], np.int64))
+        if all(a >= 0 and n >= 0 and a + n <= len(flat) for a, n in cuts):
+            assert slices(*arrays) == [flat[a : a + n] for a, n in cuts]
+        else:
+            with pytest.raises(IndexError):
+                slices(*arrays)
