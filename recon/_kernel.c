@@ -133,6 +133,48 @@ not_ints:
     return NULL;
 }
 
+/* Whether needle overlaps itself (some proper prefix is also its suffix, as in "aa" or "abab"):
+ * str.count skips such overlaps, a scan that counts every position would not. */
+static int overlaps_itself(PyObject *needle) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(needle);
+    if (n == 0)
+        return 1;
+    for (Py_ssize_t b = 1; b < n; b++) {
+        Py_ssize_t i = 0;
+        while (i < b && PyUnicode_READ_CHAR(needle, i) == PyUnicode_READ_CHAR(needle, n - b + i))
+            i++;
+        if (i == b)
+            return 1;
+    }
+    return 0;
+}
+
+/* How often needles occur in text, each position where one starts counted: one pass over the
+ * text (the needles are few and overlap none of themselves, so this is str.count's answer).
+ * starts[c]: whether some needle starts with character c (c < 256; others are checked in full). */
+static long long count_scan(PyObject *text, PyObject *needles, const char *starts) {
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text), m = PyList_GET_SIZE(needles);
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c < 256 && !starts[c])
+            continue;
+        for (Py_ssize_t j = 0; j < m; j++) {
+            PyObject *needle = PyList_GET_ITEM(needles, j);
+            Py_ssize_t n = PyUnicode_GET_LENGTH(needle);
+            if (n > length - i)
+                continue;
+            Py_ssize_t r = 0;
+            while (r < n && PyUnicode_READ(kind, data, i + r) == PyUnicode_READ_CHAR(needle, r))
+                r++;
+            total += r == n;
+        }
+    }
+    return total;
+}
+
 /* count_in(texts, needles) -> bytes: per text (a str), how often the needles (strs) occur in it,
  * each counted as str.count counts (non-overlapping), summed; native int64. */
 static PyObject *count_in(PyObject *self, PyObject *args) {
@@ -140,11 +182,18 @@ static PyObject *count_in(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &texts, &PyList_Type, &needles))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(texts), m = PyList_GET_SIZE(needles);
-    for (Py_ssize_t j = 0; j < m; j++)
-        if (!PyUnicode_Check(PyList_GET_ITEM(needles, j))) {
+    int scan = m <= 16;
+    char starts[256] = {0};
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *needle = PyList_GET_ITEM(needles, j);
+        if (!PyUnicode_Check(needle)) {
             PyErr_SetString(PyExc_TypeError, "count_in: expected lists of str");
             return NULL;
         }
+        scan = scan && !overlaps_itself(needle);
+        if (scan && PyUnicode_READ_CHAR(needle, 0) < 256)
+            starts[PyUnicode_READ_CHAR(needle, 0)] = 1;
+    }
     PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(long long));
     if (out == NULL)
         return NULL;
@@ -155,6 +204,10 @@ static PyObject *count_in(PyObject *self, PyObject *args) {
             Py_DECREF(out);
             PyErr_SetString(PyExc_TypeError, "count_in: expected lists of str");
             return NULL;
+        }
+        if (scan) {
+            at[k] = count_scan(text, needles, starts);
+            continue;
         }
         long long total = 0;
         for (Py_ssize_t j = 0; j < m; j++) {

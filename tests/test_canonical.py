@@ -138,13 +138,15 @@ def test_canonical_samples_are_confirmed_and_the_rest_are_not(smollm2):
         spelled = [tok.decode(r) == t for r, t in zip(resegmented, texts)]
         assert sum(spelled) > 100
         assert check.encode(texts, resegmented) == [i if ok else None for i, ok in zip(ids, spelled)]
-    # over the limit, the store keeps what the last batch used if that is half the limit or less
-    stored = set(check._runs) | set(check._long)
-    check.max_runs = len(stored) - 1
+    # over the limit, a store keeps what the last batch used if that is half the limit or less
+    packed, longs = set(check._runs.tolist()), set(check._long)
+    assert packed and longs
+    check.max_packed, check.max_runs = len(packed) - 1, len(longs) - 1
     assert check.confirm(texts[:3], ids[:3]) == [True] * 3
-    kept = set(check._runs) | set(check._long)
-    assert 0 < len(kept) <= check.max_runs // 2 and kept < stored
-    check.max_runs = 10
+    kept_packed, kept_longs = set(check._runs.tolist()), set(check._long)
+    assert 0 < len(kept_packed) <= check.max_packed // 2 and kept_packed < packed
+    assert len(kept_longs) <= check.max_runs // 2 and kept_longs < longs
+    check.max_packed = check.max_runs = 10
     assert check.confirm(texts, ids) == [True] * len(texts)
     assert len(check._runs) + len(check._long) == 0  # this batch used more than half: nothing kept
 

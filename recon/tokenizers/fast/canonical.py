@@ -46,11 +46,13 @@ class CanonicalCheck:
     :class:`~recon.tokenizers.fast.pretokenize.Boundaries`; ``cache`` the word cache that encodes
     stretches never seen (``decodes_bytes``: every token's decode is its bytes); ``encode_glued``, where given, the tokenizer's own encoding of one long
     text holding no added token's content, or None where it can't vouch for it (the word cache
-    encodes it then). At most ``max_runs`` learned stretches of two tokens or more are kept; past
-    that only those the last batch used, the common ones (so memory stays flat)."""
+    encodes it then). At most ``max_packed`` learned stretches that pack into an int (8 bytes
+    each) and ``max_runs`` longer ones (a bytes object each) are kept; past that only those the
+    last batch used, the common ones (so memory stays flat). Packed keys are cheap, so their store
+    is large: on cold data a stretch seen chunks ago is then not learned again."""
 
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
-                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15, *,
+                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15, max_packed: int = 1 << 20, *,
                  token_bytes: Sequence[bytes], encode_glued: Callable[[str], list[int] | None] | None = None,
                  decodes_bytes: bool = False):
         vocab_size = len(byte_lengths)
@@ -100,7 +102,7 @@ class CanonicalCheck:
         #: ``searchsorted`` for the whole batch, 8 bytes a key)
         self._runs = np.zeros(0, dtype=np.uint64)
         self._long: set[bytes] = set()  # longer ones, as their ids' int32 bytes
-        self.max_runs = max_runs
+        self.max_runs, self.max_packed = max_runs, max_packed
 
     def confirm(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None],
                 decoded: Sequence[str | None] | None = None) -> list[bool]:
@@ -180,11 +182,13 @@ class CanonicalCheck:
                     continue
                 guess = guesses[spelled[s]]
                 out[spelled[s]] = done + list(guess[at[s] :])
-        if len(self._runs) + len(self._long) > self.max_runs:  # full: keep what this batch used
-            runs, longs = np.intersect1d(self._runs, keys), self._long.intersection(tuples)
-            if len(runs) + len(longs) > self.max_runs // 2:
-                runs, longs = np.zeros(0, dtype=np.uint64), set()
-            self._runs, self._long = runs, longs
+        # a store that is full keeps what this batch used (nothing, if that is over half of it)
+        if len(self._runs) > self.max_packed:
+            runs = np.intersect1d(self._runs, keys)
+            self._runs = runs if len(runs) <= self.max_packed // 2 else np.zeros(0, dtype=np.uint64)
+        if len(self._long) > self.max_runs:
+            longs = self._long.intersection(tuples)
+            self._long = longs if len(longs) <= self.max_runs // 2 else set()
         return out
 
     def _spelled(self, texts, guesses, decoded, which: list[int], known: list[bool], ascii_: list[bool]) -> list[bool]:
