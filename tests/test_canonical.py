@@ -138,6 +138,8 @@ def test_canonical_samples_are_confirmed_and_the_rest_are_not(smollm2):
         spelled = [tok.decode(r) == t for r, t in zip(resegmented, texts)]
         assert sum(spelled) > 100
         assert check.encode(texts, resegmented) == [i if ok else None for i, ok in zip(ids, spelled)]
+    # the packed store stays sorted and unique (its look-ups are binary searches)
+    assert (check._runs[1:] > check._runs[:-1]).all()
     # over the limit, a store keeps what the last batch used if that is half the limit or less
     packed, longs = set(check._runs.tolist()), set(check._long)
     assert packed and longs

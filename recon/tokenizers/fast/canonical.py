@@ -278,7 +278,8 @@ class CanonicalCheck:
                 self._single[i] = next(ok)
             learned_packed = missing[np.fromiter((next(ok) for _ in new_packed), bool, len(new_packed))]
             learned_long = {t for t in new_long if next(ok)}
-            self._runs = np.union1d(self._runs, learned_packed)
+            # (sorted and none of them stored: each goes in where it sorts, one copy of the store)
+            self._runs = np.insert(self._runs, np.searchsorted(self._runs, learned_packed), learned_packed)
             longs.update(learned_long)
         good[lone] = self._single[lone_ids] == 1
         if len(missing):  # the stretches missed: good where just learned to be
