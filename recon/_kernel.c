@@ -267,15 +267,93 @@ done:
     return out;
 }
 
+/* parse_ranks(data) -> (dict, lines) | None: a tiktoken ranks file, every line exactly
+ * "BASE64 RANK" ([A-Za-z0-9+/]+ then at most two '=', one space, 1-10 digits, an optional '\r'
+ * and '\n', which the last line may lack), as {token bytes: rank} and the number of lines; None
+ * where a line is not of that form or its base64 is not whole quanta (the caller reads it the
+ * slow way, which says where). Duplicates are the caller's to count (the dict holds the last). */
+static signed char b64[256];
+
+static PyObject *parse_ranks(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "y*", &buf))
+        return NULL;
+    const unsigned char *p = buf.buf, *end = p + buf.len;
+    unsigned char *token = PyMem_Malloc(buf.len / 4 * 3 + 4);
+    PyObject *ranks = PyDict_New(), *result = NULL;
+    Py_ssize_t lines = 0;
+    if (token == NULL || ranks == NULL) {
+        if (token == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    while (p < end) {
+        const unsigned char *t = p;
+        while (p < end && b64[*p] >= 0)
+            p++;
+        Py_ssize_t n = p - t, pads = 0;
+        while (p < end && *p == '=' && pads < 2)
+            p++, pads++;
+        if (n == 0 || (n + pads) % 4 || p >= end || *p != ' ')
+            goto not_clean;
+        p++;
+        const unsigned char *d = p;
+        long long rank = 0;
+        while (p < end && *p >= '0' && *p <= '9' && p - d < 10)
+            rank = rank * 10 + (*p++ - '0');
+        if (p == d)
+            goto not_clean;
+        if (p < end && *p == '\r')
+            p++;
+        if (p < end && *p++ != '\n')
+            goto not_clean;
+        Py_ssize_t size = 0;
+        unsigned int bits = 0, held = 0;
+        for (Py_ssize_t k = 0; k < n; k++) { /* (the bits past the last whole byte are dropped) */
+            bits = (bits << 6) | (unsigned int)b64[t[k]];
+            held += 6;
+            if (held >= 8) {
+                held -= 8;
+                token[size++] = (unsigned char)(bits >> held);
+                bits &= (1u << held) - 1;
+            }
+        }
+        PyObject *key = PyBytes_FromStringAndSize((const char *)token, size);
+        PyObject *value = key ? PyLong_FromLongLong(rank) : NULL;
+        int failed = value == NULL || PyDict_SetItem(ranks, key, value) < 0;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (failed)
+            goto done;
+        lines++;
+    }
+    result = Py_BuildValue("(On)", ranks, lines);
+    goto done;
+not_clean:
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(token);
+    Py_XDECREF(ranks);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"ids_ok", ids_ok, METH_VARARGS, "ids_ok(value, vocab_size) -> bool"},
     {"join", join, METH_VARARGS, "join(ids, table, text) -> bytes | str | None"},
     {"flatten", flatten, METH_VARARGS, "flatten(lists) -> bytes (native int64)"},
     {"count_in", count_in, METH_VARARGS, "count_in(texts, needles) -> bytes (native int64)"},
     {"slices", slices, METH_VARARGS, "slices(flat, starts, sizes) -> list[list[int]]"},
+    {"parse_ranks", parse_ranks, METH_VARARGS, "parse_ranks(data) -> (dict, lines) | None"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernel", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__kernel(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernel(void) {
+    const char *alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    memset(b64, -1, sizeof b64);
+    for (int k = 0; k < 64; k++)
+        b64[(unsigned char)alphabet[k]] = (signed char)k;
+    return PyModule_Create(&module);
+}

