@@ -127,7 +127,28 @@ def test_seen_ids_stay_exact_across_flushes():
     assert all(seen.add("d", str(k)) for k in range(5000))
     assert not any(seen.add("d", str(k)) for k in range(0, 5000, 7))
     assert seen.add("other", "0") and not seen.add("other", "0")
-    assert len(seen._sorted) == 5000 and (seen._sorted[1:] > seen._sorted[:-1]).all()  # merged, sorted, no key lost
+    keys = seen.sorted_keys()
+    assert len(keys) == 5001 and (keys[1:] > keys[:-1]).all()  # no key lost, none twice
+    assert all((run[1:] > run[:-1]).all() for run in seen._runs)
+
+
+def test_seen_ids_runs_stay_bounded_and_few():
+    """The newest keys merge into the last run while it stays within RUN keys, so no merge copies
+    more than that and a look-up is one binary search per RUN keys; every key is found again."""
+    import numpy as np
+
+    from recon.samples.records import SeenIds
+
+    seen = SeenIds()
+    seen.FLUSH, seen.RUN = 100, 800
+    rng = np.random.default_rng(5)
+    keys = rng.integers(-(2**63), 2**63 - 1, size=6000, dtype=np.int64).tolist()
+    for start in range(0, len(keys), 250):
+        assert all(seen.add_keys(keys[start : start + 250]))
+        sizes = [len(run) for run in seen._runs]
+        assert max(sizes) <= 800 and min(sizes[:-1], default=800) > 800 - 250
+    assert not any(seen.add_keys(keys[::3]))
+    assert (seen.sorted_keys() == np.sort(np.array(keys))).all()
 
 
 def test_seen_ids_in_bulk_agree_with_one_at_a_time():
