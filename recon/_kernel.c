@@ -2,7 +2,7 @@
  *
  * Why: on cold data an audit touches each id a handful of times (validate it, look its bytes up,
  * copy it into the chunk's array), and in Python each touch is an interpreter step: together
- * about a third of the audit's time. Each function here is one such loop, with the same answer
+ * about a quarter of the audit's time on cold data. Each function here is one such loop, with the same answer
  * as its pure-Python twin in recon/kernel.py (the fallback where this file was not compiled,
  * and the reference the tests compare it with). Nothing here calls back into Python, so the
  * lists can't change while they are read.

@@ -3,8 +3,8 @@ built ``recon/_kernel.c``, else the Python twins below, which give the same answ
 what the tests hold the compiled ones to).
 
 Why: on cold data each id is validated, looked up and copied into a chunk's array, and in
-Python every one of those touches is an interpreter step (about a third of an audit's time).
-The extension is built by ``pip install`` where a C compiler is present; without one the
+Python every one of those touches is an interpreter step (about a quarter of an audit's time
+on cold data). The extension is built by ``pip install`` where a C compiler is present; without one the
 install still succeeds (the extension is optional) and these twins run; ``RECON_KERNEL=0`` runs
 them on purpose. :data:`COMPILED` says which ran.
 """
