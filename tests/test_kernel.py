@@ -36,7 +36,8 @@ def test_ci_builds_the_compiled_kernel():
     the Python twins, and the audit's speed would be the fallback's."""
     if os.environ.get("CI"):
         assert kernel.COMPILED, "recon/_kernel.c was not compiled by `pip install` (is a C compiler installed?)"
-    assert kernel.COMPILED or not os.environ.get("CI")
+    else:
+        pytest.skip("outside CI a build without a compiler is allowed")
 
 
 @pytest.mark.parametrize("ids_ok, join, flatten, count_in, slices", TWINS)
