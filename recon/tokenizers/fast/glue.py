@@ -31,7 +31,8 @@ class GluedEncoder:
                  last: np.ndarray, pairs: np.ndarray, classes: np.ndarray, preferred: str | None,
                  encode_glued: Callable[[str], list[int] | None] | None):
         self._cache, self._token_bytes, self._byte_lengths = cache, token_bytes, byte_lengths
-        self._table = list(token_bytes)  # (the kernel's join takes a list)
+        # the kernel's join takes a list: the tokenizer's own, not a copy, where it is one
+        self._table = token_bytes if type(token_bytes) is list else list(token_bytes)
         self._first, self._last, self._pairs = first, last, pairs
         self._native = encode_glued
         self._encode_glued = encode_glued or (lambda text: cache.encode_batch([text])[0])
