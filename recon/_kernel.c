@@ -338,6 +338,35 @@ done:
     return result;
 }
 
+/* ascii_texts(table) -> list: for each item of the list table, its text where it is non-empty
+ * bytes of ASCII only, else None (a table of 150k-250k tokens, built at every start). */
+static PyObject *ascii_texts(PyObject *self, PyObject *args) {
+    PyObject *table;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &table))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(table);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PyList_GET_ITEM(table, k), *text = Py_None;
+        if (PyBytes_CheckExact(item) && PyBytes_GET_SIZE(item) > 0) {
+            const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(item);
+            Py_ssize_t size = PyBytes_GET_SIZE(item), i = 0;
+            while (i < size && data[i] < 128)
+                i++;
+            if (i == size && (text = PyUnicode_DecodeASCII((const char *)data, size, NULL)) == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        if (text == Py_None)
+            Py_INCREF(text);
+        PyList_SET_ITEM(out, k, text);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"ids_ok", ids_ok, METH_VARARGS, "ids_ok(value, vocab_size) -> bool"},
     {"join", join, METH_VARARGS, "join(ids, table, text) -> bytes | str | None"},
@@ -345,6 +374,7 @@ static PyMethodDef methods[] = {
     {"count_in", count_in, METH_VARARGS, "count_in(texts, needles) -> bytes (native int64)"},
     {"slices", slices, METH_VARARGS, "slices(flat, starts, sizes) -> list[list[int]]"},
     {"parse_ranks", parse_ranks, METH_VARARGS, "parse_ranks(data) -> (dict, lines) | None"},
+    {"ascii_texts", ascii_texts, METH_VARARGS, "ascii_texts(table) -> list[str | None]"},
     {NULL, NULL, 0, NULL},
 };
 

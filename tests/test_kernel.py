@@ -138,3 +138,19 @@ def test_parse_ranks_reads_the_real_ranks_files(kimi_dir):
         got = _kernel.parse_ranks(data)
         assert got is not None and len(got[0]) == got[1] > 100_000
         assert got == kernel.parse_ranks_py(data)
+
+
+@pytest.mark.parametrize("ascii_texts", [pytest.param(kernel.ascii_texts_py, id="python")]
+                         + ([pytest.param(_kernel.ascii_texts, id="compiled")] if kernel.COMPILED else []))
+@EXAMPLES
+@given(table=st.lists(st.one_of(st.binary(max_size=5), st.text(max_size=3), st.none(), st.integers()), max_size=30))
+def test_ascii_texts_are_the_ascii_tokens_decoded(ascii_texts, table):
+    def oracle(item):
+        if not isinstance(item, bytes) or not item:
+            return None
+        try:
+            return item.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+
+    assert ascii_texts(table) == [oracle(item) for item in table]

@@ -197,6 +197,22 @@ def test_config_id_colliding_with_an_ordinary_rank(tmp_path, kimi_dir):
     assert "tokenizer_config.json" in message
 
 
+def test_ranks_listed_out_of_order_load_the_same_tokens(tmp_path, kimi_dir, kimi):
+    """Published ranks files list ranks 0, 1, 2... (recon reads those without a pass over the
+    ranks in Python); one listed in another order is the same tokenizer, and a rank given twice
+    is an error naming the line. Oracle: tiktoken's own ``decode_single_token_bytes``."""
+    (tmp_path / "tokenizer_config.json").write_text(KIMI_CONFIG.read_text())
+    lines = (kimi_dir / "tiktoken.model").read_bytes().splitlines()
+    (tmp_path / "tiktoken.model").write_bytes(b"\n".join(lines[1::2] + lines[0::2]) + b"\n")
+    shuffled = load_tokenizer(str(tmp_path))
+    assert shuffled.vocab_size == kimi.vocab_size and shuffled.token_bytes == kimi.token_bytes
+    for i in (0, 1, 2, 1000, 99_999, len(lines) - 1):
+        assert shuffled.token_bytes[i] == kimi.core.decode_single_token_bytes(i)
+    lines[7] = lines[7].split()[0] + b" 3"  # rank 3 twice
+    (tmp_path / "tiktoken.model").write_bytes(b"\n".join(lines) + b"\n")
+    assert "line 8: duplicate rank or token (rank 3)" in _error(tmp_path)
+
+
 def test_custom_code_without_files_to_build_natively_is_refused(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(KIMI_CONFIG.read_text())
     message = _error(tmp_path)

@@ -130,3 +130,13 @@ def test_a_full_cache_keeps_the_keys_its_last_batch_used(tokenizers, bundled_tex
         sizes.append(len(cache.words))
     assert shed >= 2 and max(sizes) <= 400 + 300  # it shed, more than once, and stayed bounded
     assert cache.encode_batch(bundled_texts[:60]) == want[:60]
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.sets(st.text(alphabet="<|ab>", max_size=5), max_size=12))
+def test_special_tokens_that_begin_others_are_found(texts):
+    """The specials a tiktoken word cache leaves to the core (one begins another: tiktoken tries
+    them in no fixed order), found from sorted neighbours; oracle: every pair compared."""
+    from recon.tokenizers.native_tiktoken import prefixes_of_others
+
+    assert prefixes_of_others(texts) == sorted(a for a in texts if any(b != a and b.startswith(a) for b in texts))

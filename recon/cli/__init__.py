@@ -5,7 +5,11 @@ Expected errors print one line (``recon: error: ...``), not a traceback."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
+import threading
+from typing import NoReturn
 
 from recon.cli import audit, model, report, samples, server, setup, tokens
 from recon.errors import CheckFailed, ReconError, SpecialTokenMismatch
@@ -41,7 +45,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command (``argv``: the arguments, ``sys.argv[1:]`` by default); its exit status."""
+    return _run(build_parser().parse_args(argv))
+
+
+def run() -> NoReturn:
+    """The ``recon`` program: :func:`main`, then exit. A command that sets ``quick_exit`` (the audits,
+    whose tokenizer tables hold hundreds of thousands of objects) ends without the interpreter
+    freeing every object one by one (~0.1 s, a twentieth of a 20,000-record audit): output
+    flushed and exit handlers run first, as at a normal exit, and only where no other thread runs."""
+    args = build_parser().parse_args()
+    code = _run(args)
+    if getattr(args, "quick_exit", False) and threading.active_count() == 1:
+        atexit._run_exitfuncs()  # what a normal exit runs: logging, tempfile and multiprocessing clean-ups
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe (`| head`), a closed stream
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except SpecialTokenMismatch as e:

@@ -1,7 +1,5 @@
 """``python -m recon.cli``: the same as the ``recon`` command."""
 
-import sys
+from recon.cli import run
 
-from recon.cli import main
-
-sys.exit(main())
+run()

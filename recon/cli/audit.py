@@ -155,7 +155,7 @@ def add_reconstruct(sub) -> None:
     p.add_argument("--method", default="auto", choices=["concat", "segments", "logprobs", "auto"])
     p.add_argument("--out", required=True)
     _add_parse_options(p)
-    p.set_defaults(func=cmd_reconstruct)
+    p.set_defaults(func=cmd_reconstruct, quick_exit=True)
 
 
 def add_audit(sub) -> None:
@@ -168,7 +168,7 @@ def add_audit(sub) -> None:
     p.add_argument("--check", choices=["native", "fast"],
                    help="audit again with this encoder and fail unless every row is identical (native: the tokenizer's "
                         "own encoder checks recon's fast paths)")
-    p.set_defaults(func=cmd_audit)
+    p.set_defaults(func=cmd_audit, quick_exit=True)
 
 
 def add_export(sub) -> None:
@@ -180,4 +180,4 @@ def add_export(sub) -> None:
                    help="recover: least recovery confidence to keep a sample (default 0.9)")
     p.add_argument("--out", required=True, help=".parquet or .jsonl")
     _add_engine_arguments(p)
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, quick_exit=True)

@@ -36,7 +36,7 @@ from recon.tokenizers.native import (
     native_failure,
     native_panics_quiet,
 )
-from recon.tokenizers.ranks import read_ranks  # noqa: F401  (its old home)
+from recon.tokenizers.ranks import read_ranks, tokens_by_rank  # noqa: F401  (read_ranks: its old home)
 from recon.tokenizers.tokenizer import AddedToken, Tokenizer
 
 RANKS_NAMES = ("tiktoken.model",)
@@ -283,10 +283,14 @@ def build_tiktoken(
     _check_id_range(source, "ranks", max(ranks.values(), default=0), len(ranks))
     if declared:
         _check_id_range(config_path, "added_tokens_decoder", max(declared), len(ranks))
-    by_rank = {rank: token for token, rank in ranks.items()}
+    by_rank = tokens_by_rank(ranks)
+
+    def ordinary_at(token_id: int) -> bytes:  # b"" where no ordinary token has this id
+        return by_rank[token_id] if 0 <= token_id < len(by_rank) else b""
+
     for token_id, tok in declared.items():
-        if token_id in by_rank:
-            ordinary = by_rank[token_id].decode("utf-8", "replace")
+        if ordinary_at(token_id):
+            ordinary = ordinary_at(token_id).decode("utf-8", "replace")
             raise TokenizerLoadError(
                 f"{config_path}: added token {cut(tok.content)} is declared at id {token_id}, which is the "
                 f"ordinary token {ordinary!r} in {source.name}; fix the id in the config"
@@ -294,7 +298,7 @@ def build_tiktoken(
     specials = dict(declared)
     if family.fill_reserved and declared:
         for token_id in range(len(ranks), max(declared) + 1):
-            if token_id not in specials and token_id not in by_rank:
+            if token_id not in specials and not ordinary_at(token_id):
                 specials[token_id] = AddedToken(token_id, f"<|reserved_token_{token_id}|>", True, declared=False)
     try:
         with native_panics_quiet():
@@ -311,6 +315,7 @@ def build_tiktoken(
     return TiktokenTokenizer(
         core,
         family,
+        ordinary=by_rank,
         name=name,
         source=source,
         kind="tiktoken",

@@ -19,6 +19,7 @@ from recon.tokenizers.families import FAMILIES, TiktokenFamily
 from recon.tokenizers.fast.derive import derived_boundaries
 from recon.tokenizers.fast.pretokenize import Boundaries, for_tiktoken
 from recon.tokenizers.fast.wordcache import WordCache
+from recon.tokenizers.ranks import tokens_by_rank
 from recon.tokenizers.tokenizer import Tokenizer
 
 # ---------------------------------------------------------------------------------------------
@@ -55,13 +56,24 @@ def split_long_runs(text: str, max_run: int = MAX_RUN_CHARS) -> list[str]:
     return pieces
 
 
+def prefixes_of_others(texts) -> list[str]:
+    """The texts that begin another of ``texts`` (distinct strings), in sorted order: each is
+    checked against the one sorted right after it only (a string that begins another sorts
+    before it, and every string between them begins with it too), not against all of them."""
+    ordered = sorted(texts)
+    return [a for a, b in zip(ordered, ordered[1:]) if b.startswith(a)]
+
+
 class TiktokenTokenizer(Tokenizer):
     """A ``tiktoken.Encoding`` plus the family's normalization and input slicing."""
 
-    def __init__(self, core, family: TiktokenFamily, **kw):
+    def __init__(self, core, family: TiktokenFamily, ordinary: list[bytes] | None = None, **kw):
+        """``ordinary``, where given, is the core's mergeable ranks as :func:`~recon.tokenizers.ranks.tokens_by_rank`
+        lists them (the loader has it; built again otherwise), handed over: :attr:`token_bytes` becomes it."""
         super().__init__(**kw)
         self._core = core
         self.family = family
+        self._ordinary = ordinary
         self._decoder: dict[int, bytes] | None = None
 
     @property
@@ -158,7 +170,7 @@ class TiktokenTokenizer(Tokenizer):
             return None
         specials = specials if allow_special else {}
         # tiktoken tries specials in no fixed order: a text where one is a prefix of another goes whole
-        bail = [a for a in specials if any(b != a and b.startswith(a) for b in specials)]
+        bail = prefixes_of_others(specials)
         piece = getattr(self._core, "_encode_single_piece", None)  # the BPE alone on one pre-token
         cut = for_tiktoken(self.family.pattern) if piece is not None else None
         return WordCache(lambda texts: self._encode_slices(texts, allow_special), self.token_lengths, [specials], bail,
@@ -195,9 +207,8 @@ class TiktokenTokenizer(Tokenizer):
         ranks, specials = getattr(self._core, "_mergeable_ranks", None), getattr(self._core, "_special_tokens", None)
         if ranks is None or specials is None:
             return super().token_bytes
-        table = [b""] * self.vocab_size
-        for data, i in ranks.items():
-            table[i] = data
+        table, self._ordinary = self._ordinary if self._ordinary is not None else tokens_by_rank(ranks), None
+        table += [b""] * (self.vocab_size - len(table))
         for text, i in specials.items():
             table[i] = text.encode("utf-8")
         return table

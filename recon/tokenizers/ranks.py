@@ -29,9 +29,31 @@ def read_ranks(path: Path, limit: int | None = None) -> dict[bytes, int]:
         raise TokenizerLoadError(f"{path}: cannot read ({e.strerror})") from None
     if limit is None and data and (got := parse_ranks(data)) is not None:
         ranks, lines = got
-        if ranks and len(ranks) == lines and len(set(ranks.values())) == lines and b"" not in ranks:
+        if ranks and len(ranks) == lines and b"" not in ranks and \
+                (_in_rank_order(ranks) or len(set(ranks.values())) == lines):
             return ranks
     return _read_ranks_by_line(path, data.splitlines(), limit)
+
+
+def _in_rank_order(ranks: dict[bytes, int]) -> bool:
+    """Whether the ranks are 0, 1, 2... in the dict's order (as every published file lists them):
+    then no rank repeats, and the keys listed are the tokens by rank."""
+    import numpy as np
+
+    n = len(ranks)
+    return bool((np.fromiter(ranks.values(), np.int64, n) == np.arange(n)).all())
+
+
+def tokens_by_rank(ranks: dict[bytes, int]) -> list[bytes]:
+    """``table[rank]`` is the token of that rank, ``b""`` for a rank no token has (up to the
+    largest). Ranks in order are listed as they are (one copy, no loop over the vocabulary in
+    Python: this runs at every start)."""
+    if _in_rank_order(ranks):
+        return list(ranks)
+    table = [b""] * (max(ranks.values(), default=-1) + 1)
+    for data, rank in ranks.items():
+        table[rank] = data
+    return table
 
 
 def _read_ranks_by_line(path: Path, lines: list[bytes], limit: int | None) -> dict[bytes, int]:

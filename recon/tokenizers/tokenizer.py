@@ -18,10 +18,11 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import compress, count
 from pathlib import Path
 from typing import Sequence
 
-from recon.kernel import join
+from recon.kernel import ascii_texts, join
 from recon.tokenizers.fast.canonical import CanonicalCheck
 from recon.tokenizers.fast.pretokenize import Boundaries
 from recon.tokenizers.fast.wordcache import WordCache
@@ -163,7 +164,10 @@ class Tokenizer(ABC):
         go to ``native`` (lists in, texts out). ``unjoined`` must be the same at every call."""
         table = self.__dict__.get("_join_table")
         if table is None:  # None where the native decode must say: joining refuses it
-            table = [None if i in unjoined else data for i, data in enumerate(self.token_bytes)]
+            table = list(self.token_bytes)
+            for i in unjoined:
+                if 0 <= i < len(table):
+                    table[i] = None
             self._join_table = table
         out: list[str | None] = [join(ids, table, True) for ids in batch]
         slow = [k for k, text in enumerate(out) if text is None]
@@ -182,11 +186,11 @@ class Tokenizer(ABC):
         follow, so that a negative id (``texts[-1]`` is the last entry) finds None too."""
         if not self._joins_bytes:
             return None
-        texts = [data.decode("ascii") if data and data.isascii() else None for data in self.token_bytes]
-        ids = [i for i, text in enumerate(texts) if text is not None]
+        texts = ascii_texts(self.token_bytes)
+        ids = list(compress(count(), texts))  # (every text is non-empty: true)
         # all of them decoded in one sequence first: where that is their texts joined (a decoder
         # that joins tokens' bytes, as this table assumes), each decodes to its own; else one by one
-        if self._decode_batch([ids])[0] != "".join(texts[i] for i in ids):
+        if self._decode_batch([ids])[0] != "".join(compress(texts, texts)):
             for i, native in zip(ids, self._decode_batch([[i] for i in ids])):
                 if native != texts[i]:
                     texts[i] = None
@@ -257,7 +261,7 @@ class Tokenizer(ABC):
     @cached_property
     def token_lengths(self) -> list[int]:
         """``token_lengths[id]``: the token's length in bytes."""
-        return [len(b) for b in self.token_bytes]
+        return list(map(len, self.token_bytes))
 
     @cached_property
     def length_array(self):

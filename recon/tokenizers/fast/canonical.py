@@ -24,7 +24,7 @@ between two cuts is the encoding of its own text.
 
 from __future__ import annotations
 
-from itertools import chain, compress
+from itertools import chain, compress, count
 from typing import Callable, Sequence
 
 import numpy as np
@@ -64,7 +64,8 @@ class CanonicalCheck:
         #: that equals a text without U+FFFD says the bytes are the text's
         self._decodes_bytes = decodes_bytes
         #: per id: in the ASCII table (its text is ``texts[id]``)
-        self._ascii = np.fromiter((text is not None for text in texts[:vocab_size]), bool, vocab_size)
+        self._ascii = np.zeros(vocab_size, dtype=bool)
+        self._ascii[np.fromiter(compress(count(), texts[:vocab_size]), np.int64)] = True  # (texts are non-empty)
         self._known = byte_lengths > 0
         # each token's first, second and last character's class (0 outside ASCII, or no token)
         data = np.frombuffer(b"".join(token_bytes[:vocab_size]), np.uint8)
