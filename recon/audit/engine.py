@@ -372,7 +372,7 @@ def _pool(workers: int):
     if method == "fork":
         # objects the parent already has (the tokenizer's tables, the vocabulary) move out of the
         # collector's reach, so no collection in a child writes to their pages and copies them
-        gc.collect()
+        # (no collection first: it would walk them all once more, for the little garbage start-up leaves)
         gc.freeze()
     try:
         with mp.get_context(method).Pool(workers, initializer=_worker_init) as pool:

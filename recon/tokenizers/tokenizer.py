@@ -280,7 +280,9 @@ class Tokenizer(ABC):
 
     def ids_bytes(self, ids: Sequence[int]) -> bytes:
         """The exact bytes of a sequence of ids (no UTF-8 decoding, nothing replaced)."""
-        return b"".join(map(self.token_bytes.__getitem__, ids))
+        table = self.token_bytes
+        data = join(ids, table, False) if type(table) is list else None  # (None: an id it can't join)
+        return data if data is not None else b"".join(map(table.__getitem__, ids))
 
     @cached_property
     def gap_ids(self) -> frozenset[int]:

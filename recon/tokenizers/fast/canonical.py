@@ -185,7 +185,7 @@ class CanonicalCheck:
                 out[spelled[s]] = done + list(guess[at[s] :])
         # a store that is full keeps what this batch used (nothing, if that is over half of it)
         if len(self._runs) > self.max_packed:
-            runs = np.intersect1d(self._runs, keys)
+            runs = np.intersect1d(self._runs, keys, assume_unique=True)
             self._runs = runs if len(runs) <= self.max_packed // 2 else np.zeros(0, dtype=np.uint64)
         if len(self._long) > self.max_runs:
             longs = self._long.intersection(tuples)
@@ -252,7 +252,7 @@ class CanonicalCheck:
                          added: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
         """Per stretch (``size[s]`` tokens from ``flat[first[s]]``): whether it is its own text's
         encoding; and the keys of the stretches of two tokens or more: packed in an int (an
-        array), or longer ones as their ids' bytes.
+        array, each key once, sorted), or longer ones as their ids' bytes.
         Stretches not seen before are learned together, in one batch encode."""
         good = np.ones(len(first), dtype=bool)  # an added token alone: extracted where it should be
         lone = np.flatnonzero((size == 1) & ~added[first])
@@ -263,9 +263,11 @@ class CanonicalCheck:
         tuples = _slices(flat, first[long], size[long])
         longs = self._long
         new_lone = np.unique(lone_ids[self._single[lone_ids] < 0]).tolist()
-        packed_hit = _member(self._runs, packed_keys)
-        missing, where = np.unique(packed_keys[~packed_hit], return_index=True)
-        where = packed[~packed_hit][where]  # a stretch with each missing key
+        # each distinct key looked up once, in sorted order (a binary search from where the last
+        # one ended: twice as fast as the keys in their own order, over a store of a million)
+        keys, where, back = np.unique(packed_keys, return_index=True, return_inverse=True)
+        key_hit = _member(self._runs, keys)
+        missing, where = keys[~key_hit], packed[where[~key_hit]]  # (with a stretch for each)
         new_packed = slices(flat, first[where], size[where])
         long_hit = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
         new_long = list(dict.fromkeys(compress(tuples, (~long_hit).tolist())))
@@ -277,20 +279,21 @@ class CanonicalCheck:
             ok = iter(self._learn(stretches))
             for i in new_lone:
                 self._single[i] = next(ok)
-            learned_packed = missing[np.fromiter((next(ok) for _ in new_packed), bool, len(new_packed))]
+            learned = np.fromiter((next(ok) for _ in new_packed), bool, len(new_packed))  # per missing key
+            learned_packed = missing[learned]
             learned_long = {t for t in new_long if next(ok)}
             # (sorted and none of them stored: each goes in where it sorts, one copy of the store)
             self._runs = np.insert(self._runs, np.searchsorted(self._runs, learned_packed), learned_packed)
             longs.update(learned_long)
         good[lone] = self._single[lone_ids] == 1
         if len(missing):  # the stretches missed: good where just learned to be
-            packed_hit[~packed_hit] = _member(learned_packed, packed_keys[~packed_hit])
-        good[packed] = packed_hit
+            key_hit[~key_hit] = learned
+        good[packed] = key_hit[back]
         if learned_long:
             long_hit[~long_hit] = np.fromiter(map(learned_long.__contains__, compress(tuples, (~long_hit).tolist())),
                                               bool, int((~long_hit).sum()))
         good[long] = long_hit
-        return good, packed_keys, tuples
+        return good, keys, tuples
 
     def _learn(self, stretches: list[list[int]]) -> list[bool]:
         """Whether each stretch is the encoding of its own text."""
