@@ -367,6 +367,23 @@ static PyObject *ascii_texts(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* digit_run(data, n) -> bool: whether bytes data hold n ASCII digits in a row (a JSON line with
+ * an integer too long for 64 bits, which the fast JSON reader would make a float). */
+static PyObject *digit_run(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t n, run = 0;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &n))
+        return NULL;
+    const unsigned char *p = buf.buf, *end = p + buf.len;
+    int found = n <= 0;
+    for (; p < end && !found; p++) {
+        run = (*p >= '0' && *p <= '9') ? run + 1 : 0;
+        found = run >= n;
+    }
+    PyBuffer_Release(&buf);
+    return PyBool_FromLong(found);
+}
+
 static PyMethodDef methods[] = {
     {"ids_ok", ids_ok, METH_VARARGS, "ids_ok(value, vocab_size) -> bool"},
     {"join", join, METH_VARARGS, "join(ids, table, text) -> bytes | str | None"},
@@ -375,6 +392,7 @@ static PyMethodDef methods[] = {
     {"slices", slices, METH_VARARGS, "slices(flat, starts, sizes) -> list[list[int]]"},
     {"parse_ranks", parse_ranks, METH_VARARGS, "parse_ranks(data) -> (dict, lines) | None"},
     {"ascii_texts", ascii_texts, METH_VARARGS, "ascii_texts(table) -> list[str | None]"},
+    {"digit_run", digit_run, METH_VARARGS, "digit_run(data, n) -> bool"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -73,6 +73,14 @@ def ascii_texts_py(table: list) -> list[str | None]:
     return [data.decode("ascii") if type(data) is bytes and data and data.isascii() else None for data in table]
 
 
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+
+
+def digit_run_py(data: bytes, n: int) -> bool:
+    """Whether ``data`` holds ``n`` ASCII digits in a row (a run of zeros once every digit is one)."""
+    return b"0" * n in bytes(data).translate(_DIGITS_AS_ZERO)
+
+
 #: A whole ranks file of well-formed lines: ``BASE64 RANK`` each.
 RANKS_FILE = re.compile(rb"(?:[A-Za-z0-9+/]+={0,2} [0-9]{1,10}\r?\n)*(?:[A-Za-z0-9+/]+={0,2} [0-9]{1,10}\r?\n?)?")
 
@@ -92,14 +100,14 @@ def parse_ranks_py(data: bytes) -> tuple[dict[bytes, int], int] | None:
 try:
     if os.environ.get("RECON_KERNEL") == "0":  # the twins on purpose (to compare, or to debug)
         raise ImportError("RECON_KERNEL=0")
-    from recon._kernel import ascii_texts, count_in, flatten, ids_ok, join
+    from recon._kernel import ascii_texts, count_in, digit_run, flatten, ids_ok, join
     from recon._kernel import parse_ranks as _parse_ranks
     from recon._kernel import slices as _slices
 
     COMPILED = True
 except ImportError:  # built without a C compiler: the same answers, slower
     ids_ok, join, flatten, count_in, _slices = ids_ok_py, join_py, flatten_py, count_in_py, slices_py
-    ascii_texts = ascii_texts_py
+    ascii_texts, digit_run = ascii_texts_py, digit_run_py
     _parse_ranks = parse_ranks_py
     COMPILED = False
 

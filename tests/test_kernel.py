@@ -154,3 +154,14 @@ def test_ascii_texts_are_the_ascii_tokens_decoded(ascii_texts, table):
             return None
 
     assert ascii_texts(table) == [oracle(item) for item in table]
+
+
+@pytest.mark.parametrize("digit_run", [pytest.param(kernel.digit_run_py, id="python")]
+                         + ([pytest.param(_kernel.digit_run, id="compiled")] if kernel.COMPILED else []))
+@EXAMPLES
+@given(data=st.binary(max_size=60) | st.text(alphabet="0123456789,[] a", max_size=60).map(str.encode),
+       n=st.integers(-1, 25))
+def test_digit_run_finds_n_digits_in_a_row(digit_run, data, n):
+    import re
+
+    assert digit_run(data, n) == (n <= 0 or re.search(rb"[0-9]{%d}" % n, data) is not None)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from recon.errors import ReconError, one_line
+from recon.kernel import digit_run
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,8 @@ try:  # 2-3x faster on lines of ids; the standard parser stays the reference for
 except ImportError:  # pragma: no cover - a core dependency, but reading works without it
     _orjson = None
 #: orjson reads an integer past 64 bits as a float, json keeps it an int: a line with a run of
-#: 19 digits or more goes to json (found as a run of zeros once every digit is a zero: a regex
-#: scan costs 10x more on lines of ids)
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-_LONG_NUMBER = b"0" * 19
+#: this many digits or more goes to json (:func:`recon.kernel.digit_run`: one pass in C)
+_LONG_NUMBER = 19
 
 
 def _raw_lines(f: BinaryIO, limit: int) -> Iterator[bytes | None]:
@@ -107,7 +106,7 @@ def _parse_line(raw: bytes, path: str | Path, lineno: int, allow_arrays: bool) -
         raw = raw[len(_BOM):]  # a UTF-8 byte-order mark (Windows editors write one) is not data
     if not raw.strip():
         return None
-    if _orjson is not None and _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZERO):
+    if _orjson is not None and not digit_run(raw, _LONG_NUMBER):
         try:
             obj = _orjson.loads(raw)
         except _orjson.JSONDecodeError:

@@ -130,9 +130,12 @@ class CanonicalCheck:
         except (TypeError, OverflowError):  # ids given as something else than lists of ints
             flat = np.fromiter(chain.from_iterable(guesses[k] for k in spelled), np.int64, int(counts.sum()))
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        inside = (flat >= 0) & (flat < len(self._byte_lengths))  # (a decode skips ids it doesn't know)
-        known, ascii_ = np.zeros(len(flat), dtype=bool), np.zeros(len(flat), dtype=bool)
-        known[inside], ascii_[inside] = self._known[flat[inside]], self._ascii[flat[inside]]
+        if len(flat) and 0 <= flat.min() and flat.max() < len(self._byte_lengths):  # (as ids mostly are)
+            known, ascii_ = self._known[flat], self._ascii[flat]
+        else:  # a decode skips ids it doesn't know
+            inside = (flat >= 0) & (flat < len(self._byte_lengths))
+            known, ascii_ = np.zeros(len(flat), dtype=bool), np.zeros(len(flat), dtype=bool)
+            known[inside], ascii_[inside] = self._known[flat[inside]], self._ascii[flat[inside]]
         ok = self._spelled(texts, guesses, decoded, spelled, np.logical_and.reduceat(known, starts).tolist(),
                            np.logical_and.reduceat(ascii_, starts).tolist())
         if not all(ok):  # only the samples their ids spell go on
@@ -265,7 +268,7 @@ class CanonicalCheck:
         new_lone = np.unique(lone_ids[self._single[lone_ids] < 0]).tolist()
         # each distinct key looked up once, in sorted order (a binary search from where the last
         # one ended: twice as fast as the keys in their own order, over a store of a million)
-        keys, where, back = np.unique(packed_keys, return_index=True, return_inverse=True)
+        keys, where, back = _distinct(packed_keys)
         key_hit = _member(self._runs, keys)
         missing, where = keys[~key_hit], packed[where[~key_hit]]  # (with a stretch for each)
         new_packed = slices(flat, first[where], size[where])
@@ -347,6 +350,19 @@ def _prefix_counts(cache: WordCache, vocab_size: int) -> tuple[list[str] | None,
             if token_id < vocab_size:
                 inside[token_id] = sum(map(content.count, prefixes))
     return prefixes, inside
+
+
+def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_index=True, return_inverse=True)``, but the index of any one
+    place each key is at rather than the first: one unstable sort (numpy's is stable for that,
+    and twice as slow)."""
+    order = np.argsort(keys)
+    ordered = keys[order]
+    fresh = np.ones(len(keys), dtype=bool)  # where a key differs from the one before it
+    np.not_equal(ordered[1:], ordered[:-1], out=fresh[1:])
+    back = np.empty(len(keys), dtype=np.intp)
+    back[order] = np.cumsum(fresh) - 1
+    return ordered[fresh], order[fresh], back
 
 
 def _member(known: np.ndarray, keys: np.ndarray) -> np.ndarray:
