@@ -192,3 +192,16 @@ def test_integers_past_64_bits_stay_integers_and_lines_parse_alike_whichever_par
     assert objs[0]["meta"]["big"] == 123456789012345678901234 and type(objs[0]["meta"]["big"]) is int
     assert type(objs[1]["meta"]["ok"]) is int
     assert objs == [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_integers_past_64_bits_stay_integers(tmp_path):
+    """The fast JSON reader would make them floats; such lines are read by Python's ``json``,
+    which keeps them ints (the oracle: ``json.loads`` of the same line)."""
+    lines = ['{"id":"a","output_ids":[1,2],"meta":{"seed":123456789012345678901234}}',
+             '{"id":"b","output_ids":[1,18446744073709551616]}', '{"id":"c","output_ids":[1,1844674407370955161]}']
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    got = read_records([path]).records
+    assert [(r.output_ids, r.meta) for r in got] == [(json.loads(line)["output_ids"], json.loads(line).get("meta", {}))
+                                                     for line in lines]
+    assert all(type(i) is int for r in got for i in r.output_ids)
