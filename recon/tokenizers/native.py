@@ -159,6 +159,9 @@ class HFTokenizer(Tokenizer):
             return native([ids if type(ids) is list else list(ids) for ids in batch])
         return self._join_decode(batch, self._unjoined, native)
 
+    def _natively_decoded(self, ids: list[int]) -> list[int]:
+        return ids if self._unjoined is None else sorted(self._unjoined.intersection(ids))
+
     def _decodes_bytes(self) -> bool:
         return self._unjoined is not None and all(not self.token_bytes[i] for i in self._unjoined)
 

@@ -185,8 +185,11 @@ class TiktokenTokenizer(Tokenizer):
         """tiktoken's decode is its tokens' bytes joined, invalid UTF-8 replaced: joined here from
         :attr:`token_bytes` (the core's batch decode starts a thread pool per call). A sequence
         with an id no token holds goes to the core, which says so as it always has."""
-        return self._join_decode(batch, self._gaps,
+        return self._join_decode(batch, self.gap_ids,
                                  lambda rest: self._core.decode_batch(rest, errors="replace"))
+
+    def _natively_decoded(self, ids: list[int]) -> list[int]:
+        return sorted(self.gap_ids.intersection(ids))  # (the rest are joined)
 
     @property
     def vocab_size(self) -> int:
@@ -195,10 +198,6 @@ class TiktokenTokenizer(Tokenizer):
     def id_to_bytes(self, token_id: int) -> bytes:
         return self._core.decode_single_token_bytes(token_id)
 
-    @cached_property
-    def _gaps(self) -> frozenset[int]:
-        """Ids below the vocabulary size that no token holds."""
-        return frozenset(i for i, data in enumerate(self.token_bytes) if not data)
 
     @cached_property
     def token_bytes(self) -> list[bytes]:

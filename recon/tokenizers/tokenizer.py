@@ -14,6 +14,7 @@ Ids are assumed to be in the vocabulary; validating them is the input reader's j
 
 from __future__ import annotations
 
+import operator
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -157,6 +158,11 @@ class Tokenizer(ABC):
         """The native core's batch decode."""
         return [self.decode(ids) for ids in batch]
 
+    def _natively_decoded(self, ids: list[int]) -> list[int]:
+        """Of ``ids``, those :meth:`_decode_batch` hands to the native decoder (the rest it joins
+        from :attr:`token_bytes`): all of them, unless a backend joins."""
+        return ids
+
     def _join_decode(self, batch: Sequence[Sequence[int]], unjoined: frozenset[int], native) -> list[str]:
         """Each sequence's :attr:`token_bytes` joined and decoded, invalid UTF-8 replaced (what a
         decoder that joins bytes does, without a native call per batch; faster than joining
@@ -187,10 +193,11 @@ class Tokenizer(ABC):
         if not self._joins_bytes:
             return None
         texts = ascii_texts(self.token_bytes)
-        ids = list(compress(count(), texts))  # (every text is non-empty: true)
-        # all of them decoded in one sequence first: where that is their texts joined (a decoder
+        # the ids the decode hands to the native decoder (the rest it joins from these very bytes):
+        # all of them decoded in one sequence first; where that is their texts joined (a decoder
         # that joins tokens' bytes, as this table assumes), each decodes to its own; else one by one
-        if self._decode_batch([ids])[0] != "".join(compress(texts, texts)):
+        ids = self._natively_decoded(list(compress(count(), texts)))  # (every text is non-empty: true)
+        if ids and self._decode_batch([ids])[0] != "".join(texts[i] for i in ids):
             for i, native in zip(ids, self._decode_batch([[i] for i in ids])):
                 if native != texts[i]:
                     texts[i] = None
@@ -287,7 +294,7 @@ class Tokenizer(ABC):
     @cached_property
     def gap_ids(self) -> frozenset[int]:
         """Ids below ``vocab_size`` that no token holds (decoding them fails)."""
-        return frozenset(i for i, data in enumerate(self.token_bytes) if not data)
+        return frozenset(compress(count(), map(operator.not_, self.token_bytes)))
 
     @cached_property
     def special_ids(self) -> frozenset[int]:

@@ -260,7 +260,16 @@ def _analysis(pattern: str, alphabet: str) -> tuple[dict[str, list[Pos]], frozen
 
 def is_cut(tests: list[Pos], y: str) -> bool:
     """Whether nothing tried at the boundary can tell ``y`` there from the end of the text."""
-    return all(q.kind != "end" and y not in q.members for q in tests)
+    told = told_from_end(tests)
+    return told is not None and y not in told
+
+
+def told_from_end(tests: list[Pos]) -> frozenset[str] | None:
+    """The characters that something tried at the boundary can tell from the end of the text
+    (None: every one, an end anchor is tried). :func:`is_cut` for every ``y`` at once."""
+    if any(q.kind == "end" for q in tests):
+        return None
+    return frozenset().union(*(q.members for q in tests))
 
 
 #: Every character ``regex``'s ``\s`` matches (U+3000 is the last of them).
@@ -373,13 +382,14 @@ def split_sequence_boundaries(patterns: list[str], every_character: bool = False
         return None
     size = len(ALPHABET) + 1
     pairs = [[False] * size for _ in range(size)]
+    told = [{x: told_from_end(tests[x]) for x in ALPHABET} for tests, _, _, _ in steps]  # (is_cut, per x once)
     for x in ALPHABET:
         for y in ALPHABET:
-            for tests, covered, never, has_end in steps:
+            for (tests, covered, never, has_end), told_x in zip(steps, told):
                 if x in never and y in never and not has_end:
                     continue  # transparent: the next step decides
                 sure = (x in covered or x in never) and (y in covered or y in never)
-                pairs[ord(x) + 1][ord(y) + 1] = sure and is_cut(tests[x], y)
+                pairs[ord(x) + 1][ord(y) + 1] = sure and told_x[x] is not None and y not in told_x[x]
                 break
     space = frozenset(WHITESPACE)
     earlier = steps[:-1]
