@@ -224,7 +224,7 @@ def _resegmented_middles(tok, pairs: Sequence[tuple[Sequence[int], Sequence[int]
     t_bytes, r_bytes = _flat_bytes(tok, t_ids), _flat_bytes(tok, r_ids)
     keep = np.flatnonzero(fits)
     pair_bytes = np.cumsum((t_cum[t_start[1:]] - t_cum[t_start[:-1]])[keep])
-    changed = np.unique(np.searchsorted(pair_bytes, np.flatnonzero(t_bytes != r_bytes), side="right"))
+    changed = np.searchsorted(pair_bytes, np.flatnonzero(t_bytes != r_bytes), side="right")  # (repeats are harmless)
     fits[keep[changed]] = False  # same length, other bytes: not a re-segmentation
     t_pair, r_pair = np.repeat(keep, t_count[keep]), np.repeat(keep, r_count[keep])
     t_end, r_end = np.cumsum(t_len[t_kept]), np.cumsum(r_len[r_kept])

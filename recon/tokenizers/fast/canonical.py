@@ -265,7 +265,7 @@ class CanonicalCheck:
         packed_keys = self._packed(flat, first[packed], size[packed])
         tuples = _slices(flat, first[long], size[long])
         longs = self._long
-        new_lone = np.unique(lone_ids[self._single[lone_ids] < 0]).tolist()
+        new_lone = sorted(set(lone_ids[self._single[lone_ids] < 0].tolist()))  # (np.unique would import numpy.ma)
         # each distinct key looked up once, in sorted order (a binary search from where the last
         # one ended: twice as fast as the keys in their own order, over a store of a million)
         keys, where, back = _distinct(packed_keys)

@@ -10,6 +10,7 @@ checked to be a token of its own at every place it was put.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Callable, Sequence
 
 import numpy as np
@@ -76,13 +77,14 @@ class GluedEncoder:
         data = [join(ids, table, False) or b"".join(map(get, ids)) for ids in stretches]
         out: list[list[int] | None] = [None] * len(stretches)
         if self.glues and len(stretches) > 1:
-            firsts = self._first[np.fromiter((ids[0] for ids in stretches), np.int64, len(stretches))]
-            lasts = self._last[np.fromiter((ids[-1] for ids in stretches), np.int64, len(stretches))]
+            firsts = self._first[np.fromiter(map(itemgetter(0), stretches), np.int64, len(stretches))]
+            lasts = self._last[np.fromiter(map(itemgetter(-1), stretches), np.int64, len(stretches))]
+            sizes = np.fromiter(map(len, data), np.int64, len(data)) + 1  # (each with its glue)
             todo = np.ones(len(stretches), dtype=bool)
             for glue, glue_id, before, after in self.glues:
                 fits = np.flatnonzero(todo & before[lasts] & after[firsts])
                 todo[fits] = False
-                for group in _groups(fits.tolist(), data):
+                for group in _groups(fits, sizes):
                     for i, ids in zip(group, self._glued(glue, glue_id, [data[i] for i in group])):
                         out[i] = ids
         # the rest one by one: natively where it vouches (a native call costs a few µs; the
@@ -135,15 +137,12 @@ class GluedEncoder:
 GLUED_BYTES = 1 << 16
 
 
-def _groups(which: list[int], data: list[bytes]) -> list[list[int]]:
-    """``which`` cut into runs of at most about :data:`GLUED_BYTES` of data each."""
-    groups, group, size = [], [], 0
-    for i in which:
-        group.append(i)
-        size += len(data[i]) + 1
-        if size >= GLUED_BYTES:
-            groups.append(group)
-            group, size = [], 0
-    if group:
-        groups.append(group)
-    return groups
+def _groups(which: np.ndarray, sizes: np.ndarray) -> list[list[int]]:
+    """``which`` cut into runs of about :data:`GLUED_BYTES` of data each (``sizes[i]``: item i's
+    bytes): a run starts where the bytes before it cross a multiple of it."""
+    if not len(which):
+        return []
+    ends = np.cumsum(sizes[which])
+    block = (ends - sizes[which]) // GLUED_BYTES  # (each item's first byte, in blocks)
+    cuts = np.flatnonzero(block[1:] != block[:-1]) + 1
+    return [part.tolist() for part in np.split(which, cuts)]
