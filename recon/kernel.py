@@ -73,6 +73,33 @@ def ascii_texts_py(table: list) -> list[str | None]:
     return [data.decode("ascii") if type(data) is bytes and data and data.isascii() else None for data in table]
 
 
+class KeySetPy:
+    """A set of uint64 keys: ``add(keys)`` and ``find(keys)`` (bytes, 1 where a key is held) take
+    any buffer of native uint64 (a NumPy array); ``keys()``, ``len()``. (A Python set of ints inside.)"""
+
+    def __init__(self):
+        self._keys: set[int] = set()
+
+    def _ints(self, keys) -> list[int]:
+        view = memoryview(keys).cast("B")
+        if len(view) % 8:
+            raise ValueError("KeySet: expected a buffer of uint64 keys")
+        return np.frombuffer(view, np.uint64).tolist()
+
+    def add(self, keys) -> None:
+        self._keys.update(self._ints(keys))
+
+    def find(self, keys) -> bytes:
+        return bytes(map(self._keys.__contains__, self._ints(keys)))
+
+    def keys(self) -> bytes:
+        """Every key held, as native uint64 bytes, in no order."""
+        return np.array(list(self._keys), dtype=np.uint64).tobytes()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 
 
@@ -100,14 +127,14 @@ def parse_ranks_py(data: bytes) -> tuple[dict[bytes, int], int] | None:
 try:
     if os.environ.get("RECON_KERNEL") == "0":  # the twins on purpose (to compare, or to debug)
         raise ImportError("RECON_KERNEL=0")
-    from recon._kernel import ascii_texts, count_in, digit_run, flatten, ids_ok, join
+    from recon._kernel import KeySet, ascii_texts, count_in, digit_run, flatten, ids_ok, join
     from recon._kernel import parse_ranks as _parse_ranks
     from recon._kernel import slices as _slices
 
     COMPILED = True
 except ImportError:  # built without a C compiler: the same answers, slower
     ids_ok, join, flatten, count_in, _slices = ids_ok_py, join_py, flatten_py, count_in_py, slices_py
-    ascii_texts, digit_run = ascii_texts_py, digit_run_py
+    ascii_texts, digit_run, KeySet = ascii_texts_py, digit_run_py, KeySetPy
     _parse_ranks = parse_ranks_py
     COMPILED = False
 

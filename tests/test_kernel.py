@@ -165,3 +165,38 @@ def test_digit_run_finds_n_digits_in_a_row(digit_run, data, n):
     import re
 
     assert digit_run(data, n) == (n <= 0 or re.search(rb"[0-9]{%d}" % n, data) is not None)
+
+
+KEY_SETS = [pytest.param(kernel.KeySetPy, id="python")] + (
+    [pytest.param(_kernel.KeySet, id="compiled")] if kernel.COMPILED else [])
+KEYS = st.lists(st.integers(0, 40) | st.integers(0, 2**64 - 1) | st.sampled_from([0, 2**64 - 1, 2**63]), max_size=80)
+
+
+@pytest.mark.parametrize("KeySet", KEY_SETS)
+@EXAMPLES
+@given(batches=st.lists(st.tuples(KEYS, KEYS), max_size=6))
+def test_key_set_holds_what_a_python_set_holds(KeySet, batches):
+    """Adds and look-ups, batch after batch, against Python's own set (key 0 and 2**64-1 too)."""
+    keys, held = KeySet(), set()
+    for added, asked in batches:
+        keys.add(np.array(added, dtype=np.uint64))
+        held.update(added)
+        assert np.frombuffer(keys.find(np.array(asked, dtype=np.uint64)), bool).tolist() == [k in held for k in asked]
+        assert len(keys) == len(held)
+        assert sorted(np.frombuffer(keys.keys(), np.uint64).tolist()) == sorted(held)
+
+
+@pytest.mark.parametrize("KeySet", KEY_SETS)
+def test_key_set_grows_past_a_million_and_refuses_odd_buffers(KeySet):
+    rng = np.random.default_rng(5)
+    many = rng.integers(1, 2**64 - 1, 1_200_000, dtype=np.uint64, endpoint=True)
+    keys = KeySet()
+    for part in np.array_split(many, 7):  # (the table doubles several times on the way)
+        keys.add(part)
+    held = set(many.tolist())
+    assert len(keys) == len(held)
+    assert np.frombuffer(keys.find(many), bool).all()
+    others = rng.integers(1, 2**64 - 1, 100_000, dtype=np.uint64)
+    assert np.frombuffer(keys.find(others), bool).tolist() == [k in held for k in others.tolist()]
+    with pytest.raises(ValueError):
+        keys.find(b"123")

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 import regex
 
-from recon.kernel import count_in, flatten, slices
+from recon.kernel import KeySet, count_in, flatten, slices
 from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
 from recon.tokenizers.fast.glue import GluedEncoder
 from recon.tokenizers.fast.wordcache import WordCache
@@ -52,7 +52,7 @@ class CanonicalCheck:
     is large: on cold data a stretch seen chunks ago is then not learned again."""
 
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
-                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15, max_packed: int = 1 << 20, *,
+                 rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15, max_packed: int = 3 << 18, *,
                  token_bytes: Sequence[bytes], encode_glued: Callable[[str], list[int] | None] | None = None,
                  decodes_bytes: bool = False):
         vocab_size = len(byte_lengths)
@@ -99,9 +99,9 @@ class CanonicalCheck:
         #: a stretch of 2.._pack tokens packed into one int: ``_bits`` bits per id + 1
         self._bits = max(1, vocab_size.bit_length())
         self._pack = 64 // self._bits
-        #: packed stretches known to be their text's encoding, sorted (a look-up is one
-        #: ``searchsorted`` for the whole batch, 8 bytes a key)
-        self._runs = np.zeros(0, dtype=np.uint64)
+        #: packed stretches known to be their text's encoding (a hash set in C, 8 bytes a slot,
+        #: at most 4/5 full: the default cap keeps it within 2^20 slots, 8 MB)
+        self._runs = KeySet()
         self._long: set[bytes] = set()  # longer ones, as their ids' int32 bytes
         self.max_runs, self.max_packed = max_runs, max_packed
 
@@ -188,8 +188,9 @@ class CanonicalCheck:
                 out[spelled[s]] = done + list(guess[at[s] :])
         # a store that is full keeps what this batch used (nothing, if that is over half of it)
         if len(self._runs) > self.max_packed:
-            runs = np.intersect1d(self._runs, keys, assume_unique=True)
-            self._runs = runs if len(runs) <= self.max_packed // 2 else np.zeros(0, dtype=np.uint64)
+            runs = KeySet()
+            runs.add(keys[np.frombuffer(self._runs.find(keys), dtype=bool)])
+            self._runs = runs if len(runs) <= self.max_packed // 2 else KeySet()
         if len(self._long) > self.max_runs:
             longs = self._long.intersection(tuples)
             self._long = longs if len(longs) <= self.max_runs // 2 else set()
@@ -255,7 +256,7 @@ class CanonicalCheck:
                          added: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
         """Per stretch (``size[s]`` tokens from ``flat[first[s]]``): whether it is its own text's
         encoding; and the keys of the stretches of two tokens or more: packed in an int (an
-        array, each key once, sorted), or longer ones as their ids' bytes.
+        array), or longer ones as their ids' bytes.
         Stretches not seen before are learned together, in one batch encode."""
         good = np.ones(len(first), dtype=bool)  # an added token alone: extracted where it should be
         lone = np.flatnonzero((size == 1) & ~added[first])
@@ -266,37 +267,34 @@ class CanonicalCheck:
         tuples = _slices(flat, first[long], size[long])
         longs = self._long
         new_lone = sorted(set(lone_ids[self._single[lone_ids] < 0].tolist()))  # (np.unique would import numpy.ma)
-        # each distinct key looked up once, in sorted order (a binary search from where the last
-        # one ended: twice as fast as the keys in their own order, over a store of a million)
-        keys, where, back = _distinct(packed_keys)
-        key_hit = _member(self._runs, keys)
-        missing, where = keys[~key_hit], packed[where[~key_hit]]  # (with a stretch for each)
+        packed_hit = np.frombuffer(self._runs.find(packed_keys), dtype=bool)
+        missed = np.flatnonzero(~packed_hit)
+        missing, where, back = _distinct(packed_keys[missed])  # each missing key once, a stretch with it
+        where = packed[missed[where]]
         new_packed = slices(flat, first[where], size[where])
         long_hit = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
         new_long = list(dict.fromkeys(compress(tuples, (~long_hit).tolist())))
         stretches = [[i] for i in new_lone] + new_packed + \
             [memoryview(t).cast("i").tolist() for t in new_long]
-        learned_packed = np.zeros(0, dtype=np.uint64)
+        learned = np.zeros(0, dtype=bool)
         learned_long: set[bytes] = set()
         if stretches:
             ok = iter(self._learn(stretches))
             for i in new_lone:
                 self._single[i] = next(ok)
             learned = np.fromiter((next(ok) for _ in new_packed), bool, len(new_packed))  # per missing key
-            learned_packed = missing[learned]
             learned_long = {t for t in new_long if next(ok)}
-            # (sorted and none of them stored: each goes in where it sorts, one copy of the store)
-            self._runs = np.insert(self._runs, np.searchsorted(self._runs, learned_packed), learned_packed)
+            self._runs.add(missing[learned])
             longs.update(learned_long)
         good[lone] = self._single[lone_ids] == 1
-        if len(missing):  # the stretches missed: good where just learned to be
-            key_hit[~key_hit] = learned
-        good[packed] = key_hit[back]
+        good[packed] = packed_hit
+        if len(missed):  # the stretches missed: good where just learned to be
+            good[packed[missed]] = learned[back]
         if learned_long:
             long_hit[~long_hit] = np.fromiter(map(learned_long.__contains__, compress(tuples, (~long_hit).tolist())),
                                               bool, int((~long_hit).sum()))
         good[long] = long_hit
-        return good, keys, tuples
+        return good, packed_keys, tuples
 
     def _learn(self, stretches: list[list[int]]) -> list[bool]:
         """Whether each stretch is the encoding of its own text."""
@@ -363,15 +361,6 @@ def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     back = np.empty(len(keys), dtype=np.intp)
     back[order] = np.cumsum(fresh) - 1
     return ordered[fresh], order[fresh], back
-
-
-def _member(known: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Per key: whether it is in ``known`` (sorted, unique): one binary search for them all."""
-    if not len(known):
-        return np.zeros(len(keys), dtype=bool)
-    at = np.searchsorted(known, keys)
-    at[at == len(known)] = 0
-    return known[at] == keys
 
 
 def _slices(flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> list[bytes]:
