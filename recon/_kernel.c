@@ -64,11 +64,7 @@ static void copy_joined(char *out, PyObject **items, Py_ssize_t n, PyObject *tab
 /* join(ids, table, text) -> bytes, or str (UTF-8 decoded, invalid bytes replaced) where text is
  * true; None where an id is not an int indexing a bytes entry of table (the caller asks the
  * tokenizer then). ids: a list or tuple. */
-static PyObject *join(PyObject *self, PyObject *args) {
-    PyObject *ids, *table;
-    int text;
-    if (!PyArg_ParseTuple(args, "OO!p", &ids, &PyList_Type, &table, &text))
-        return NULL;
+static PyObject *join_one(PyObject *ids, PyObject *table, int text) {
     if (!PyList_CheckExact(ids) && !PyTuple_CheckExact(ids))
         Py_RETURN_NONE;
     PyObject **items = PySequence_Fast_ITEMS(ids);
@@ -88,6 +84,36 @@ static PyObject *join(PyObject *self, PyObject *args) {
     copy_joined(buffer, items, n, table);
     PyObject *out = PyUnicode_DecodeUTF8(buffer, size, "replace");
     PyMem_Free(buffer);
+    return out;
+}
+
+static PyObject *join(PyObject *self, PyObject *args) {
+    PyObject *ids, *table;
+    int text;
+    if (!PyArg_ParseTuple(args, "OO!p", &ids, &PyList_Type, &table, &text))
+        return NULL;
+    return join_one(ids, table, text);
+}
+
+/* join_each(lists, table, text) -> list: join(ids, table, text) for each ids of the list lists
+ * (one call for a batch: a chunk's samples, or the stretches it learns). */
+static PyObject *join_each(PyObject *self, PyObject *args) {
+    PyObject *lists, *table;
+    int text;
+    if (!PyArg_ParseTuple(args, "O!O!p", &PyList_Type, &lists, &PyList_Type, &table, &text))
+        return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(lists);
+    PyObject *out = PyList_New(m);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *joined = join_one(PyList_GET_ITEM(lists, j), table, text);
+        if (joined == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, j, joined);
+    }
     return out;
 }
 
@@ -551,6 +577,7 @@ static PyTypeObject KeySetType = {
 static PyMethodDef methods[] = {
     {"ids_ok", ids_ok, METH_VARARGS, "ids_ok(value, vocab_size) -> bool"},
     {"join", join, METH_VARARGS, "join(ids, table, text) -> bytes | str | None"},
+    {"join_each", join_each, METH_VARARGS, "join_each(lists, table, text) -> list[bytes | str | None]"},
     {"flatten", flatten, METH_VARARGS, "flatten(lists) -> bytes (native int64)"},
     {"count_in", count_in, METH_VARARGS, "count_in(texts, needles) -> bytes (native int64)"},
     {"slices", slices, METH_VARARGS, "slices(flat, starts, sizes) -> list[list[int]]"},

@@ -39,6 +39,13 @@ def join_py(ids: Sequence[int], table: list, text: bool) -> bytes | str | None:
     return data.decode("utf-8", "replace") if text else data
 
 
+def join_each_py(lists: list, table: list, text: bool) -> list[bytes | str | None]:
+    """:func:`join_py` of each item of ``lists``."""
+    if type(lists) is not list or type(table) is not list:
+        raise TypeError("join_each: expected lists")
+    return [join_py(ids, table, text) for ids in lists]
+
+
 def flatten_py(lists: list) -> bytes:
     """Every id of every list (or tuple) in ``lists``, in order, as native int64 bytes; TypeError
     for an item that is not an int, OverflowError past int64."""
@@ -127,14 +134,14 @@ def parse_ranks_py(data: bytes) -> tuple[dict[bytes, int], int] | None:
 try:
     if os.environ.get("RECON_KERNEL") == "0":  # the twins on purpose (to compare, or to debug)
         raise ImportError("RECON_KERNEL=0")
-    from recon._kernel import KeySet, ascii_texts, count_in, digit_run, flatten, ids_ok, join
+    from recon._kernel import KeySet, ascii_texts, count_in, digit_run, flatten, ids_ok, join, join_each
     from recon._kernel import parse_ranks as _parse_ranks
     from recon._kernel import slices as _slices
 
     COMPILED = True
 except ImportError:  # built without a C compiler: the same answers, slower
     ids_ok, join, flatten, count_in, _slices = ids_ok_py, join_py, flatten_py, count_in_py, slices_py
-    ascii_texts, digit_run, KeySet = ascii_texts_py, digit_run_py, KeySetPy
+    ascii_texts, digit_run, KeySet, join_each = ascii_texts_py, digit_run_py, KeySetPy, join_each_py
     _parse_ranks = parse_ranks_py
     COMPILED = False
 

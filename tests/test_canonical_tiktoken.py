@@ -269,3 +269,38 @@ def test_a_text_kimis_loader_would_slice_is_not_checked_on_its_ids(toks):
 def test_families_patterns_all_derive():
     for family in FAMILIES.values():
         assert derived_boundaries(family.pattern) is not None, family.name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stretches_glued_with_an_added_token_are_encoded_as_alone(name, toks):
+    """Stretches no glue character fits (non-ASCII at an edge, lone marks, text not in NFC, an
+    added token's own text inside) go many to a call glued with an added token; each comes back
+    as the native encoder makes of it alone (the oracle: ``tok.encode`` of each stretch's text)."""
+    tok = toks[name]
+    check = tok.canonical_check()
+    glue = check._glued._special
+    assert glue is not None and tok.decode([glue.id]) == glue.text and glue.text in {t.content for t in tok.added_tokens}
+    rng = random.Random(11)
+    pieces = ["数据", "模型的", "한국어", "Ünïcode", "é", "\u0301x", "e\u0301", "🙂🙂", "x数", "数x", " 数", "数\n",
+              "Ω", glue.text, f"a{glue.text}b", END[name], f"数{END[name]}数", "\u3000", "٣٤", "ΑΒΓ", "\u200dz"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 4))) for _ in range(600)] + pieces
+    stretches = [tok.encode(t) for t in texts] + [tok.encode("数") + tok.encode("据")]  # the last: not canonical
+    calls = []
+
+    def encode(text):
+        calls.append(text)
+        return glue.encode(text)
+
+    check._glued._special = glue._replace(encode=encode)
+    try:
+        got = check._glued.encode(stretches)
+    finally:
+        check._glued._special = glue
+    assert calls and sum(text.count(glue.text) for text in calls) > len(stretches) // 2  # most went glued this way
+    want = [tok.encode(tok.decode(s)) for s in stretches]
+    assert [g is None or g == w for g, w in zip(got, want)] == [True] * len(want)
+    assert sum(g is not None for g in got) > 0.9 * len(got)
+    assert check._learn(stretches) == [w == s for w, s in zip(want, stretches)]
+    data = [t.encode() for t in texts[:5]]
+    glued = tok.encode(glue.text.join(texts[:5]))
+    assert check._glued.unglue(glued, data, glue.id, len(glue.text.encode())) == [tok.encode(t) for t in texts[:5]]

@@ -200,3 +200,13 @@ def test_key_set_grows_past_a_million_and_refuses_odd_buffers(KeySet):
     assert np.frombuffer(keys.find(others), bool).tolist() == [k in held for k in others.tolist()]
     with pytest.raises(ValueError):
         keys.find(b"123")
+
+
+@pytest.mark.parametrize("join_each", [pytest.param(kernel.join_each_py, id="python")]
+                         + ([pytest.param(_kernel.join_each, id="compiled")] if kernel.COMPILED else []))
+@EXAMPLES
+@given(lists=st.lists(st.lists(ITEM, max_size=6) | st.tuples(ITEM, ITEM) | st.none() | st.just("ab"), max_size=8),
+       table=TABLE, text=st.booleans())
+def test_join_each_is_join_of_each(join_each, lists, table, text):
+    """The batch form equals the single form (itself held to ``bytes.join``) item by item."""
+    assert join_each(lists, table, text) == [kernel.join_py(ids, table, text) for ids in lists]

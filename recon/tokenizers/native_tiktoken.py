@@ -18,6 +18,7 @@ from recon.tokenizers.bytelevel import bytes_to_piece, piece_to_bytes
 from recon.tokenizers.families import FAMILIES, TiktokenFamily
 from recon.tokenizers.fast.derive import derived_boundaries
 from recon.tokenizers.fast.pretokenize import Boundaries, for_tiktoken
+from recon.tokenizers.fast.glue import SpecialGlue
 from recon.tokenizers.fast.wordcache import WordCache
 from recon.tokenizers.ranks import tokens_by_rank
 from recon.tokenizers.tokenizer import Tokenizer
@@ -137,6 +138,27 @@ class TiktokenTokenizer(Tokenizer):
             return ordinary(text)
 
         return encode
+
+    def _special_glue(self) -> SpecialGlue | None:
+        """tiktoken splits a text at its added tokens before its pattern sees it: the text
+        between two is encoded as if alone (the core's encode of each stretch, as
+        :meth:`_glued_encoder` vouches for it: stretches are shorter than the loader's slices,
+        and for a family that normalizes only texts already in NFC go). The glue is the
+        lowest-id added token that no other begins or is begun by, so where it stands it alone
+        is extracted (the ungluing checks it is, at every place)."""
+        specials = getattr(self._core, "_special_tokens", None)
+        if self.word_cache(True) is None or not specials:
+            return None
+        tangled = set(prefixes_of_others(specials))
+        tangled |= {b for a in tangled for b in specials if b != a and b.startswith(a)}
+        table = self.token_bytes
+        fit = sorted((i, text) for text, i in specials.items()
+                     if text not in tangled and i < len(table) and table[i] == text.encode())
+        if not fit:
+            return None
+        core = self._core
+        return SpecialGlue(fit[0][1], fit[0][0], lambda text: core.encode(text, allowed_special="all"),
+                           (lambda text: unicodedata.is_normalized("NFC", text)) if self.family.nfc else None)
 
     def _boundary_rules(self) -> Boundaries | None:
         """Derived from the pattern the core runs (:mod:`recon.tokenizers.fast.derive`)."""

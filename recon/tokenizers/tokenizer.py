@@ -23,8 +23,9 @@ from itertools import compress, count
 from pathlib import Path
 from typing import Sequence
 
-from recon.kernel import ascii_texts, join
+from recon.kernel import ascii_texts, join, join_each
 from recon.tokenizers.fast.canonical import CanonicalCheck
+from recon.tokenizers.fast.glue import SpecialGlue
 from recon.tokenizers.fast.pretokenize import Boundaries
 from recon.tokenizers.fast.wordcache import WordCache
 
@@ -98,7 +99,7 @@ class Tokenizer(ABC):
             texts = self._ascii_texts if cache is not None else None
             self._canonical = (CanonicalCheck(cache, texts, self.length_array, rules, self.added_ids,  # type: ignore[arg-type]
                                               token_bytes=self.token_bytes, encode_glued=self._glued_encoder(),
-                                              decodes_bytes=self._decodes_bytes())
+                                              decodes_bytes=self._decodes_bytes(), special_glue=self._special_glue())
                                if texts is not None else None)
         return self._canonical
 
@@ -110,6 +111,12 @@ class Tokenizer(ABC):
     def _glued_encoder(self):
         """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: the native encoding of one
         long text, or None where the word cache should encode it (the default)."""
+        return None
+
+    def _special_glue(self) -> SpecialGlue | None:
+        """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: an added token to glue
+        stretches with (:class:`~recon.tokenizers.fast.glue.SpecialGlue`), where the native core
+        splits at added tokens first and vouches for its encodes; None (the default) where not."""
         return None
 
     def _boundary_rules(self) -> Boundaries | None:
@@ -175,7 +182,7 @@ class Tokenizer(ABC):
                 if 0 <= i < len(table):
                     table[i] = None
             self._join_table = table
-        out: list[str | None] = [join(ids, table, True) for ids in batch]
+        out: list[str | None] = join_each(batch if type(batch) is list else list(batch), table, True)
         slow = [k for k, text in enumerate(out) if text is None]
         if slow:
             for k, text in zip(slow, native([list(batch[k]) for k in slow])):

@@ -32,7 +32,7 @@ import regex
 
 from recon.kernel import KeySet, count_in, flatten, slices
 from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
-from recon.tokenizers.fast.glue import GluedEncoder
+from recon.tokenizers.fast.glue import GluedEncoder, SpecialGlue
 from recon.tokenizers.fast.wordcache import WordCache
 
 
@@ -54,7 +54,7 @@ class CanonicalCheck:
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
                  rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15, max_packed: int = 3 << 18, *,
                  token_bytes: Sequence[bytes], encode_glued: Callable[[str], list[int] | None] | None = None,
-                 decodes_bytes: bool = False):
+                 decodes_bytes: bool = False, special_glue: SpecialGlue | None = None):
         vocab_size = len(byte_lengths)
         self._cache = cache
         self._texts = texts
@@ -92,7 +92,7 @@ class CanonicalCheck:
         self._added = np.zeros(vocab_size, dtype=bool)
         self._added[list(added_ids)] = True
         self._glued = GluedEncoder(cache, token_bytes, byte_lengths, first, last, self._rules, classes, rules.glue,
-                                   encode_glued)
+                                   encode_glued, special_glue)
         self._prefixes, self._inside = _prefix_counts(cache, vocab_size)
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
         self._single = np.full(vocab_size, -1, dtype=np.int8)

@@ -11,13 +11,26 @@ checked to be a token of its own at every place it was put.
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from recon.kernel import join
+from recon.kernel import join_each
 from recon.tokenizers.fast.pretokenize import ALPHABET
 from recon.tokenizers.fast.wordcache import WordCache
+
+
+class SpecialGlue(NamedTuple):
+    """An added token to glue stretches with, where the encoder splits its input at added tokens
+    before anything else (tiktoken does): the text between two is encoded as if alone, whatever
+    characters meet the glue, so stretches no glue character fits (a CJK character at an edge,
+    say) still go many to a call. ``encode``: the encoder with every added token extracted;
+    ``accepts``: whether a stretch's text may go (a family that normalizes: its NFC), or None."""
+
+    text: str
+    id: int
+    encode: Callable[[str], list[int]]
+    accepts: Callable[[str], bool] | None = None
 
 
 class GluedEncoder:
@@ -26,12 +39,14 @@ class GluedEncoder:
     ``classes``: the class of each byte; ``preferred``: a glue character to try first (the
     rules' own); ``encode_glued``: the native encoding of one text, or None where it can't
     vouch for it (then each stretch goes through the word ``cache``); without it the word cache
-    encodes the glued texts too."""
+    encodes the glued texts too. ``special``, where given, glues the stretches no glue character
+    fits with an added token (:class:`SpecialGlue`)."""
 
     def __init__(self, cache: WordCache, token_bytes: Sequence[bytes], byte_lengths: np.ndarray, first: np.ndarray,
                  last: np.ndarray, pairs: np.ndarray, classes: np.ndarray, preferred: str | None,
-                 encode_glued: Callable[[str], list[int] | None] | None):
+                 encode_glued: Callable[[str], list[int] | None] | None, special: SpecialGlue | None = None):
         self._cache, self._token_bytes, self._byte_lengths = cache, token_bytes, byte_lengths
+        self._special = special
         # the kernel's join takes a list: the tokenizer's own, not a copy, where it is one
         self._table = token_bytes if type(token_bytes) is list else list(token_bytes)
         self._first, self._last, self._pairs = first, last, pairs
@@ -74,7 +89,9 @@ class GluedEncoder:
         its place (else, say where an added token's text spans the glue, or where the glued text
         is not one the encoder vouches for, the stretches are encoded one by one)."""
         table, get = self._table, self._token_bytes.__getitem__
-        data = [join(ids, table, False) or b"".join(map(get, ids)) for ids in stretches]
+        data = join_each(stretches, table, False)
+        if None in data:  # (ids the table can't join: the tokenizer's own bytes, or its error)
+            data = [d if d is not None else b"".join(map(get, ids)) for d, ids in zip(data, stretches)]
         out: list[list[int] | None] = [None] * len(stretches)
         if self.glues and len(stretches) > 1:
             firsts = self._first[np.fromiter(map(itemgetter(0), stretches), np.int64, len(stretches))]
@@ -86,6 +103,16 @@ class GluedEncoder:
                 todo[fits] = False
                 for group in _groups(fits, sizes):
                     for i, ids in zip(group, self._glued(glue, glue_id, [data[i] for i in group])):
+                        out[i] = ids
+            special = self._special
+            if special is not None and todo.sum() > 1:  # the rest, glued with an added token
+                left = np.flatnonzero(todo)
+                if special.accepts is not None:
+                    left = left[[data[i].isascii() or special.accepts(data[i].decode("utf-8", "replace")) for i in left.tolist()]]
+                sizes[left] += len(special.text.encode()) - 1
+                for group in _groups(left, sizes):
+                    for i, ids in zip(group, self._glued(special.text.encode(), special.id, [data[i] for i in group],
+                                                         special.encode)):
                         out[i] = ids
         # the rest one by one: natively where it vouches (a native call costs a few µs; the
         # word cache's Python pre-tokenizer several times that), else through the word cache
@@ -105,29 +132,32 @@ class GluedEncoder:
             out[i] = ids
         return out
 
-    def _glued(self, glue: bytes, glue_id: int, data: list[bytes]) -> list[list[int] | None]:
+    def _glued(self, glue: bytes, glue_id: int, data: list[bytes],
+               encode: Callable[[str], list[int] | None] | None = None) -> list[list[int] | None]:
         """The encodings of the texts ``data`` spell, from one encode of them glued with ``glue``
-        (the rules cut around it at every place it is put); Nones where that can't be done."""
+        (the rules cut around it at every place it is put, or an added token the encoder
+        extracts first); Nones where that can't be done."""
         try:
             text = glue.join(data).decode("utf-8")
         except UnicodeDecodeError:
             return [None] * len(data)
-        ids = self._encode_glued(text)
-        encoded = self.unglue(ids, data, glue_id) if ids is not None else None
+        ids = (encode or self._encode_glued)(text)
+        encoded = self.unglue(ids, data, glue_id, len(glue)) if ids is not None else None
         return encoded if encoded is not None else [None] * len(data)
 
-    def unglue(self, ids: list[int], data: list[bytes], glue_id: int) -> list[list[int]] | None:
-        """The encoding of the texts glued (one glue character between two) cut back into each
-        text's, or None where a glue character is not a token of its own at its place."""
+    def unglue(self, ids: list[int], data: list[bytes], glue_id: int, glue_size: int = 1) -> list[list[int]] | None:
+        """The encoding of the texts glued (a glue of ``glue_size`` bytes between two) cut back
+        into each text's, or None where a glue is not a token of its own at its place."""
         if len(data) == 1:
             return [ids]
         held = np.array(ids, dtype=np.int64)
         lengths = self._byte_lengths[held]
         starts = np.cumsum(lengths) - lengths
         sizes = np.fromiter(map(len, data), np.int64, len(data))
-        places = np.cumsum(sizes[:-1] + 1) - 1  # where each glue character is, in bytes
+        places = np.cumsum(sizes[:-1] + glue_size) - glue_size  # where each glue starts, in bytes
         at = np.searchsorted(starts, places)
-        if (at >= len(ids)).any() or not ((starts[at] == places) & (lengths[at] == 1) & (held[at] == glue_id)).all():
+        if (at >= len(ids)).any() or \
+                not ((starts[at] == places) & (lengths[at] == glue_size) & (held[at] == glue_id)).all():
             return None
         bounds = [-1, *at.tolist(), len(ids)]
         return [ids[a + 1 : b] for a, b in zip(bounds[:-1], bounds[1:])]
