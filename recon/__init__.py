@@ -18,7 +18,6 @@ as aliases of the modules that now hold them (see :data:`MOVED`).
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.util
 import sys
 
@@ -83,9 +82,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'recon' has no attribute {name!r}")
 
 
-class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _Alias:
     """``import recon.records`` gives the very module ``recon.samples.records`` (one module
-    object under two names, so its state and classes are shared, not copied)."""
+    object under two names, so its state and classes are shared, not copied). A meta path
+    finder and loader by their methods (``importlib.abc`` would cost every start 20 ms: it
+    imports ``importlib.resources``)."""
 
     def find_spec(self, fullname, path=None, target=None):
         head, _, name = fullname.partition(".")

@@ -14,7 +14,6 @@ import json
 import re
 from dataclasses import dataclass, fields
 from functools import cached_property
-from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
@@ -111,7 +110,7 @@ def _load_yaml(path: Path | str, text: str) -> dict[str, Profile]:
 
 
 def builtin_profiles() -> dict[str, Profile]:
-    source = resources.files("recon.audit").joinpath("profiles.yaml")
+    source = Path(__file__).with_name("profiles.yaml")  # (package data beside this module; no importlib.resources at start)
     return _load_yaml("recon/audit/profiles.yaml", source.read_text(encoding="utf-8"))
 
 
