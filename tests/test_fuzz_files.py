@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import recon.samples.io
 from recon import TokenizerLoadError, load_tokenizer, specials
+from recon.samples.io import iter_raw_lines, read_spans
 from recon.cli import main
 
 from .conftest import ROOT, qwen_ranks_path
@@ -444,6 +445,9 @@ def test_a_50_mb_line_is_read_and_an_oversized_line_is_skipped(tmp_path, capsys,
     code, out, err = run(capsys, "validate", str(path))
     assert code == 0 and "2 good records, 1 bad" in out
     assert err == f"{path}, line 2: line longer than 1000000 bytes; skipped\n"
+    spanned = read_spans([(str(path), n, item) for n, item in iter_raw_lines(path, spans=True)])  # (what local workers read)
+    assert [(n, type(item).__name__) for _, n, item in spanned] == [(1, "bytes"), (2, "RecordError"), (3, "bytes")]
+    assert [item for _, _, item in spanned if type(item) is bytes] == [_real(0, id="a") + b"\n", _real(1, id="b") + b"\n"]
     path.write_bytes(b"x" * 3_000_000)  # no newline at all
     code, out, err = run(capsys, "validate", str(path))
     assert code == 2 and "0 good records, 1 bad" in out and "line 1: line longer than" in err
@@ -547,6 +551,11 @@ def test_any_sample_file_every_line_accounted_for(lines, crlf, bom, tmp_path_fac
     result = read_records(path, vocab_size=49152)
     for e in result.errors:
         assert ERROR.match(str(e)) and e.path == str(path) and 1 <= e.line <= len(lines)
+    # a local worker reads its lines from where the reader says they are: the same bytes, line by
+    # line, as Python's own split of the file at "\n"
+    want = re.findall(rb"[^\n]*\n|[^\n]+\Z", path.read_bytes())
+    spanned = read_spans([(str(path), n, item) for n, item in iter_raw_lines(path, spans=True)])
+    assert [item for _, _, item in spanned] == want and [n for _, n, _ in spanned] == list(range(1, len(want) + 1))
     assert len(result.records) + result.bad_records == non_blank
     event(f"{'some' if result.records else 'no'} good records, {'some' if result.errors else 'no'} bad")
     try:  # the good records audit and export without crashing; nothing left out

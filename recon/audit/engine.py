@@ -26,7 +26,7 @@ from recon.audit.tally import Tally
 from recon.errors import ReconError
 from recon.samples.export import Policy, TableWriter, check_policy, export_rows
 from recon.samples.export import arrow_schema as export_schema
-from recon.samples.io import RecordError, bad_record_count
+from recon.samples.io import RecordError, bad_record_count, read_spans
 from recon.samples.records import Record, SeenIds, duplicate_error, iter_raw, parse_raw
 
 #: Records per chunk: big enough that batch calls dominate, small enough that a worker's
@@ -47,7 +47,7 @@ class RawChunk:
 
     def parse(self) -> tuple[list[Record], list[RecordError]]:
         records, errors = [], []
-        for path, line, item in self.items:
+        for path, line, item in read_spans(self.items):
             got = parse_raw(path, line, item, vocab_size=self.vocab_size)
             if isinstance(got, Record):
                 records.append(got)
@@ -56,9 +56,11 @@ class RawChunk:
         return records, errors
 
 
-def iter_raw_chunks(paths: Iterable[str | Path], size: int, *, vocab_size: int | None) -> Iterator[RawChunk]:
-    """The files' lines in chunks of ``size``, unparsed, streamed."""
-    stream = ((str(path), line, item) for path in paths for line, item in iter_raw(path))
+def iter_raw_chunks(paths: Iterable[str | Path], size: int, *, vocab_size: int | None,
+                    spans: bool = False) -> Iterator[RawChunk]:
+    """The files' lines in chunks of ``size``, unparsed, streamed (``spans``: a plain file's lines
+    as where they are, for a worker on this machine to read)."""
+    stream = ((str(path), line, item) for path in paths for line, item in iter_raw(path, spans=spans))
     while True:
         items = list(islice(stream, size))
         if not items:
@@ -179,7 +181,10 @@ def audit_files(paths: Sequence[str | Path], *, tokenizer: str, profile: str, fa
     """Audit every record of ``paths``, streamed in chunks of ``chunk_size``; bad records are
     reported in the run's ``errors`` and the rest go on. Keywords as for :func:`audit_stream`."""
     bound = _bound(tokenizer, family, profile, kw.get("encoder", "fast"))  # fail fast on a bad spec or profile
-    chunks = iter_raw_chunks(paths, chunk_size, vocab_size=bound.tok.vocab_size)
+    workers = kw.get("workers")
+    local = kw.get("dask") is None and kw.get("client") is None and (workers is None or workers > 1)
+    # workers on this machine read their own lines (a Dask worker may not see the files: it gets the bytes)
+    chunks = iter_raw_chunks(paths, chunk_size, vocab_size=bound.tok.vocab_size, spans=local)
     run = audit_stream(chunks, tokenizer=tokenizer, profile=profile, family=family, **kw)
     errors = run.errors
     if not run.summary["samples"]:

@@ -11,7 +11,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, NamedTuple
 
 from recon.errors import ReconError, one_line
 from recon.kernel import digit_run
@@ -138,20 +138,35 @@ def _parse_line(raw: bytes, path: str | Path, lineno: int, allow_arrays: bool) -
     return obj
 
 
-def iter_raw_lines(path: str | Path) -> Iterator[tuple[int, bytes | RecordError]]:
+class LineSpan(NamedTuple):
+    """Where a line lies in its plain (uncompressed) file, bytes ``start`` to ``end``: what the
+    audit's reader sends a local worker instead of the bytes, which the worker reads itself
+    (:func:`read_spans`): shipping a chunk's megabytes through a pipe kept both sides waiting."""
+
+    start: int
+    end: int
+
+
+def iter_raw_lines(path: str | Path, *, spans: bool = False) -> Iterator[tuple[int, bytes | LineSpan | RecordError]]:
     """(line number, the line's bytes or a RecordError) for each line, streaming, not parsed: what
     :func:`iter_json_lines` reads, for a caller that parses elsewhere (the audit's workers do).
+    With ``spans``, a plain file's lines come as :class:`LineSpan` s instead of bytes.
 
     A line over :data:`MAX_LINE_BYTES` is reported; a gzip file that is cut or corrupt is read up
     to the damage, which is reported as one bad line."""
     path = Path(path)
+    spans = spans and path.suffix != ".gz"
     try:  # (a plain file through a 64 KB buffer: lines of ids run to several KB, the default is 8)
         with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb", buffering=1 << 16) as f:
-            lineno = 0
+            lineno = offset = 0
             try:
                 for lineno, raw in enumerate(_raw_lines(f, MAX_LINE_BYTES), 1):
                     if raw is None:
                         yield lineno, RecordError(str(path), lineno, "", f"line longer than {MAX_LINE_BYTES} bytes; skipped")
+                        offset = f.tell() if spans else 0
+                    elif spans:
+                        yield lineno, LineSpan(offset, offset + len(raw))
+                        offset += len(raw)
                     else:
                         yield lineno, raw
             except (EOFError, gzip.BadGzipFile, zlib.error) as e:
@@ -160,6 +175,30 @@ def iter_raw_lines(path: str | Path) -> Iterator[tuple[int, bytes | RecordError]
         raise ReconError(f"{path}: no such file") from None
     except OSError as e:
         raise ReconError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def read_spans(items: list[tuple[str, int, object]]) -> list[tuple[str, int, object]]:
+    """``items`` (path, line, item) with every :class:`LineSpan` item made the bytes it spans:
+    each file's spans read in one read from the first to the last."""
+    reach: dict[str, tuple[int, int]] = {}
+    for path, _, item in items:
+        if type(item) is LineSpan:
+            lo, hi = reach.get(path, (item.start, item.end))
+            reach[path] = (min(lo, item.start), max(hi, item.end))
+    if not reach:
+        return items
+    data = {}
+    for path, (lo, hi) in reach.items():
+        try:
+            with open(path, "rb") as f:
+                f.seek(lo)
+                data[path] = f.read(hi - lo)
+        except OSError as e:
+            raise ReconError(f"{path}: cannot read ({e.strerror or e})") from None
+        if len(data[path]) != hi - lo:
+            raise ReconError(f"{path}: the file changed while it was being read")
+    return [(path, line, data[path][item.start - reach[path][0] : item.end - reach[path][0]] if type(item) is LineSpan else item)
+            for path, line, item in items]
 
 
 def parse_line(raw: bytes | RecordError, path: str | Path, lineno: int, *, allow_arrays: bool = False) -> dict | list | RecordError | None:

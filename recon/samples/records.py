@@ -280,14 +280,16 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, dict | RecordError]]:
 
 
 
-def iter_raw(path: str | Path) -> Iterator[tuple[int, bytes | dict | RecordError]]:
+def iter_raw(path: str | Path, *, spans: bool = False) -> Iterator[tuple[int, bytes | dict | RecordError]]:
     """One file's records unparsed, in order: (line, raw JSONL bytes, a Parquet row as a dict, or a
     RecordError); :func:`parse_raw` makes each a record. The audit reads with this and parses in
-    its workers, so the reading process only moves bytes."""
+    its workers, so the reading process only moves bytes (with ``spans``, for a plain JSONL file,
+    only where the lines are: :class:`~recon.samples.io.LineSpan`, read with
+    :func:`~recon.samples.io.read_spans`)."""
     path = Path(path)
     if not path.exists():
         raise ReconError(f"{path}: no such file")
-    return _iter_parquet(path) if path.suffix == ".parquet" else iter_raw_lines(path)
+    return _iter_parquet(path) if path.suffix == ".parquet" else iter_raw_lines(path, spans=spans)
 
 
 def parse_raw(path: str | Path, line: int, item: bytes | dict | RecordError, *,
