@@ -147,7 +147,8 @@ class LineSpan(NamedTuple):
     end: int
 
 
-def iter_raw_lines(path: str | Path, *, spans: bool = False) -> Iterator[tuple[int, bytes | LineSpan | RecordError]]:
+def iter_raw_lines(path: str | Path, *,
+                   spans: bool = False) -> Iterator[tuple[int, bytes | LineSpan | RecordError]]:
     """(line number, the line's bytes or a RecordError) for each line, streaming, not parsed: what
     :func:`iter_json_lines` reads, for a caller that parses elsewhere (the audit's workers do).
     With ``spans``, a plain file's lines come as :class:`LineSpan` s instead of bytes.
@@ -155,7 +156,7 @@ def iter_raw_lines(path: str | Path, *, spans: bool = False) -> Iterator[tuple[i
     A line over :data:`MAX_LINE_BYTES` is reported; a gzip file that is cut or corrupt is read up
     to the damage, which is reported as one bad line."""
     path = Path(path)
-    spans = spans and path.suffix != ".gz"
+    spans = spans and path.suffix != ".gz" and path.is_file()  # (a pipe, /dev/stdin, can't be read twice)
     try:  # (a plain file through a 64 KB buffer: lines of ids run to several KB, the default is 8)
         with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb", buffering=1 << 16) as f:
             lineno = offset = 0
@@ -197,8 +198,11 @@ def read_spans(items: list[tuple[str, int, object]]) -> list[tuple[str, int, obj
             raise ReconError(f"{path}: cannot read ({e.strerror or e})") from None
         if len(data[path]) != hi - lo:
             raise ReconError(f"{path}: the file changed while it was being read")
-    return [(path, line, data[path][item.start - reach[path][0] : item.end - reach[path][0]] if type(item) is LineSpan else item)
-            for path, line, item in items]
+    def bytes_of(path: str, item: LineSpan) -> bytes:
+        lo = reach[path][0]
+        return data[path][item.start - lo : item.end - lo]
+
+    return [(path, line, bytes_of(path, item) if type(item) is LineSpan else item) for path, line, item in items]
 
 
 def parse_line(raw: bytes | RecordError, path: str | Path, lineno: int, *, allow_arrays: bool = False) -> dict | list | RecordError | None:

@@ -108,7 +108,8 @@ class GluedEncoder:
             if special is not None and todo.sum() > 1:  # the rest, glued with an added token
                 left = np.flatnonzero(todo)
                 if special.accepts is not None:
-                    left = left[[data[i].isascii() or special.accepts(data[i].decode("utf-8", "replace")) for i in left.tolist()]]
+                    accepts = special.accepts
+                    left = left[[data[i].isascii() or accepts(data[i].decode("utf-8", "replace")) for i in left.tolist()]]
                 sizes[left] += len(special.text.encode()) - 1
                 for group in _groups(left, sizes):
                     for i, ids in zip(group, self._glued(special.text.encode(), special.id, [data[i] for i in group],
