@@ -159,8 +159,10 @@ class HFTokenizer(Tokenizer):
             return native([ids if type(ids) is list else list(ids) for ids in batch])
         return self._join_decode(batch, self._unjoined, native)
 
-    def _natively_decoded(self, ids: list[int]) -> list[int]:
-        return ids if self._unjoined is None else sorted(self._unjoined.intersection(ids))
+    def _natively_decoded(self, texts: list[str | None]) -> list[int]:
+        if self._unjoined is None:
+            return super()._natively_decoded(texts)
+        return sorted(i for i in self._unjoined if i < len(texts) and texts[i] is not None)
 
     def _decodes_bytes(self) -> bool:
         return self._unjoined is not None and all(not self.token_bytes[i] for i in self._unjoined)

@@ -182,6 +182,8 @@ class TiktokenTokenizer(Tokenizer):
         return out
 
     def _encode_slices(self, slices: list[str], allow_special: bool) -> list[list[int]]:
+        if len(slices) < 64:  # (the core's batch form starts a pool of threads at every call)
+            return [self._encode_one(text, allow_special) for text in slices]
         if allow_special:
             return self._core.encode_batch(slices, allowed_special="all")
         return self._core.encode_batch(slices, disallowed_special=())
@@ -210,8 +212,8 @@ class TiktokenTokenizer(Tokenizer):
         return self._join_decode(batch, self.gap_ids,
                                  lambda rest: self._core.decode_batch(rest, errors="replace"))
 
-    def _natively_decoded(self, ids: list[int]) -> list[int]:
-        return sorted(self.gap_ids.intersection(ids))  # (the rest are joined)
+    def _natively_decoded(self, texts: list[str | None]) -> list[int]:
+        return []  # only ids no token holds go to the core, and those have no text
 
     @property
     def vocab_size(self) -> int:

@@ -14,7 +14,6 @@ Ids are assumed to be in the vocabulary; validating them is the input reader's j
 
 from __future__ import annotations
 
-import operator
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -165,10 +164,11 @@ class Tokenizer(ABC):
         """The native core's batch decode."""
         return [self.decode(ids) for ids in batch]
 
-    def _natively_decoded(self, ids: list[int]) -> list[int]:
-        """Of ``ids``, those :meth:`_decode_batch` hands to the native decoder (the rest it joins
-        from :attr:`token_bytes`): all of them, unless a backend joins."""
-        return ids
+    def _natively_decoded(self, texts: list[str | None]) -> list[int]:
+        """Of the ids whose ``texts[id]`` is not None, those :meth:`_decode_batch` hands to the
+        native decoder (the rest it joins from :attr:`token_bytes`): all of them, unless a
+        backend joins."""
+        return list(compress(count(), texts))  # (every text is non-empty: true)
 
     def _join_decode(self, batch: Sequence[Sequence[int]], unjoined: frozenset[int], native) -> list[str]:
         """Each sequence's :attr:`token_bytes` joined and decoded, invalid UTF-8 replaced (what a
@@ -203,7 +203,7 @@ class Tokenizer(ABC):
         # the ids the decode hands to the native decoder (the rest it joins from these very bytes):
         # all of them decoded in one sequence first; where that is their texts joined (a decoder
         # that joins tokens' bytes, as this table assumes), each decodes to its own; else one by one
-        ids = self._natively_decoded(list(compress(count(), texts)))  # (every text is non-empty: true)
+        ids = self._natively_decoded(texts)
         if ids and self._decode_batch([ids])[0] != "".join(texts[i] for i in ids):
             for i, native in zip(ids, self._decode_batch([[i] for i in ids])):
                 if native != texts[i]:
@@ -301,7 +301,9 @@ class Tokenizer(ABC):
     @cached_property
     def gap_ids(self) -> frozenset[int]:
         """Ids below ``vocab_size`` that no token holds (decoding them fails)."""
-        return frozenset(compress(count(), map(operator.not_, self.token_bytes)))
+        import numpy as np
+
+        return frozenset(np.flatnonzero(self.length_array == 0).tolist())
 
     @cached_property
     def special_ids(self) -> frozenset[int]:
