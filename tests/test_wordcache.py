@@ -137,6 +137,6 @@ def test_a_full_cache_keeps_the_keys_its_last_batch_used(tokenizers, bundled_tex
 def test_special_tokens_that_begin_others_are_found(texts):
     """The specials a tiktoken word cache leaves to the core (one begins another: tiktoken tries
     them in no fixed order), found from sorted neighbours; oracle: every pair compared."""
-    from recon.tokenizers.native_tiktoken import prefixes_of_others
+    from recon.tokenizers.fast.wordcache import prefixes_of_others
 
     assert prefixes_of_others(texts) == sorted(a for a in texts if any(b != a and b.startswith(a) for b in texts))

@@ -19,7 +19,7 @@ from recon.tokenizers.families import FAMILIES, TiktokenFamily
 from recon.tokenizers.fast.derive import derived_boundaries
 from recon.tokenizers.fast.pretokenize import Boundaries, for_tiktoken
 from recon.tokenizers.fast.glue import SpecialGlue
-from recon.tokenizers.fast.wordcache import WordCache
+from recon.tokenizers.fast.wordcache import WordCache, prefixes_of_others
 from recon.tokenizers.ranks import tokens_by_rank
 from recon.tokenizers.tokenizer import Tokenizer
 
@@ -55,14 +55,6 @@ def split_long_runs(text: str, max_run: int = MAX_RUN_CHARS) -> list[str]:
                 start, run = i, 1
     pieces.append(text[start:])
     return pieces
-
-
-def prefixes_of_others(texts) -> list[str]:
-    """The texts that begin another of ``texts`` (distinct strings), in sorted order: each is
-    checked against the one sorted right after it only (a string that begins another sorts
-    before it, and every string between them begins with it too), not against all of them."""
-    ordered = sorted(texts)
-    return [a for a, b in zip(ordered, ordered[1:]) if b.startswith(a)]
 
 
 class TiktokenTokenizer(Tokenizer):

@@ -33,7 +33,7 @@ import regex
 from recon.kernel import KeySet, count_in, flatten, slices
 from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
 from recon.tokenizers.fast.glue import GluedEncoder, SpecialGlue
-from recon.tokenizers.fast.wordcache import WordCache
+from recon.tokenizers.fast.wordcache import WordCache, prefixes_of_others
 
 
 class CanonicalCheck:
@@ -340,8 +340,7 @@ def _prefix_counts(cache: WordCache, vocab_size: int) -> tuple[list[str] | None,
     prefixes = sorted({c[:2] for c in contents})
     if not contents or any(len(p) < 2 or p[0] == p[1] for p in prefixes):
         return None, inside
-    ordered = sorted(contents)  # (a content another begins with sorts right before one such)
-    if any(b.startswith(a) for a, b in zip(ordered, ordered[1:])):
+    if prefixes_of_others(contents):
         return None, inside
     for content in contents:
         for token_id in cache.added_ids(content):

@@ -85,6 +85,14 @@ def _ints(n: int) -> list[int]:
     return list(range(n))
 
 
+def prefixes_of_others(texts) -> list[str]:
+    """The texts that begin another of ``texts`` (distinct strings), in sorted order: each is
+    checked against the one sorted right after it only (a string that begins another sorts
+    before it, and every string between them begins with it too), not against all of them."""
+    ordered = sorted(texts)
+    return [a for a, b in zip(ordered, ordered[1:]) if b.startswith(a)]
+
+
 def _alternation(contents: Iterable[str]) -> re.Pattern | None:
     """A capturing pattern that finds the longest of ``contents`` at the leftmost position."""
     ordered = sorted(set(contents), key=lambda s: (-len(s), s))
