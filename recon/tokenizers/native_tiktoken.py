@@ -214,7 +214,6 @@ class TiktokenTokenizer(Tokenizer):
     def id_to_bytes(self, token_id: int) -> bytes:
         return self._core.decode_single_token_bytes(token_id)
 
-
     @cached_property
     def token_bytes(self) -> list[bytes]:
         """As :attr:`Tokenizer.token_bytes`, from the ranks and specials the core was built from
