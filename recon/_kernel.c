@@ -574,6 +574,239 @@ static PyTypeObject KeySetType = {
     .tp_new = keyset_new,
 };
 
+/* The stretches CanonicalCheck cuts a batch of samples' ids into: before each sample's first id,
+ * and between ids a and b where rules[last(a) * C + first(b)] (rules: C*C bytes, each 0 or 1),
+ * where a or b is an added token, or where a ends with whitespace and b starts a word a space may
+ * open. flat: every sample's ids, native int64; starts: where each sample begins, int64, strictly
+ * increasing from 0; table: one uint32 per id, its first character's class in bits 0-7, its
+ * last's in bits 8-15, then flags: bit 16 an added token, 17 ends with whitespace, 18 a word a
+ * space may open. A stretch of 2..pack ids has a key: one uint64, id + 1 in each `bits` bits from
+ * the low end (never 0). Why in C: one pass over every id of a chunk, one table read per id,
+ * where NumPy made about ten passes (gathers, a 2-D gather, masks) and then more per stretch. */
+typedef struct {
+    Py_buffer flat, starts, table, rules;
+    int bits, pack;
+    Py_ssize_t n, samples, vocab, classes;
+    unsigned char *fresh; /* fresh[k]: a stretch starts at id k */
+    Py_ssize_t count;     /* how many stretches */
+} Cut;
+
+static void cut_release(Cut *c) {
+    PyMem_Free(c->fresh);
+    PyBuffer_Release(&c->flat);
+    PyBuffer_Release(&c->starts);
+    PyBuffer_Release(&c->table);
+    PyBuffer_Release(&c->rules);
+}
+
+/* Checks the buffers (every id in the table, every class in the rules, starts as above) and marks
+ * where each stretch starts; -1 with an error set (the buffers released) where they are wrong. */
+static int cut_marks(Cut *c) {
+    const long long *ids = c->flat.buf, *begin = c->starts.buf;
+    const unsigned int *entry = c->table.buf;
+    const unsigned char *rule = c->rules.buf;
+    Py_ssize_t n = c->n = c->flat.len / 8, samples = c->samples = c->starts.len / 8, classes = 0;
+    Py_ssize_t vocab = c->vocab = c->table.len / 4;
+    while ((classes + 1) * (classes + 1) <= c->rules.len)
+        classes++;
+    c->classes = classes;
+    c->fresh = NULL;
+    if (c->flat.len % 8 || c->starts.len % 8 || c->table.len % 4 || classes * classes != c->rules.len
+            || classes > 256 || c->bits < 1 || c->pack < 1 || (long long)c->bits * c->pack > 64) {
+        PyErr_SetString(PyExc_ValueError, "cut: expected int64 ids and starts, a uint32 entry per id, a square "
+                                          "rules table of at most 256 classes, bits * pack <= 64");
+        goto fail;
+    }
+    for (Py_ssize_t v = 0; v < vocab; v++)
+        if ((entry[v] & 0xFF) >= classes || ((entry[v] >> 8) & 0xFF) >= classes) {
+            PyErr_Format(PyExc_ValueError, "cut: the class of id %zd is not in the rules", v);
+            goto fail;
+        }
+    for (Py_ssize_t r = 0; r < c->rules.len; r++)
+        if (rule[r] > 1) {
+            PyErr_SetString(PyExc_ValueError, "cut: the rules must be 0 or 1");
+            goto fail;
+        }
+    for (Py_ssize_t k = 0; k < n; k++)
+        if ((unsigned long long)ids[k] >= (unsigned long long)vocab) {
+            PyErr_Format(PyExc_ValueError, "cut: id %lld is not in the table", ids[k]);
+            goto fail;
+        }
+    for (Py_ssize_t s = 1; s < samples; s++)
+        if (begin[s] <= begin[s - 1] || begin[s] >= n) {
+            PyErr_SetString(PyExc_ValueError, "cut: starts must increase from 0 and stay inside the ids");
+            goto fail;
+        }
+    if ((samples == 0) != (n == 0) || (samples && begin[0] != 0)) {
+        PyErr_SetString(PyExc_ValueError, "cut: starts must increase from 0 and stay inside the ids");
+        goto fail;
+    }
+    c->fresh = PyMem_Malloc(n ? (size_t)n : 1);
+    if (c->fresh == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_ssize_t count = 0;
+    for (Py_ssize_t s = 0; s < samples; s++) {
+        Py_ssize_t lo = begin[s], hi = s + 1 < samples ? begin[s + 1] : n;
+        unsigned int before = entry[ids[lo]];
+        c->fresh[lo] = 1;
+        count++;
+        for (Py_ssize_t k = lo + 1; k < hi; k++) { /* (no branches: cuts are too frequent to predict) */
+            unsigned int now = entry[ids[k]], flags = before >> 16, next = now >> 16;
+            unsigned char fresh = (unsigned char)((rule[((before >> 8) & 0xFF) * classes + (now & 0xFF)] | flags
+                                                   | next | ((flags >> 1) & (next >> 2))) & 1);
+            c->fresh[k] = fresh;
+            count += fresh;
+            before = now;
+        }
+    }
+    c->count = count;
+    return 0;
+fail:
+    cut_release(c);
+    return -1;
+}
+
+/* The stretch from id lo, n ids long, packed into a key (where it holds 2..pack ids). */
+static inline unsigned long long cut_key(const long long *ids, Py_ssize_t lo, Py_ssize_t size, int bits) {
+    unsigned long long key = 0;
+    for (Py_ssize_t j = 0; j < size; j++)
+        key |= (unsigned long long)(ids[lo + j] + 1) << (bits * j);
+    return key;
+}
+
+/* cut(flat, starts, table, rules, bits, pack) -> (at, size, keys) as bytes: every stretch's first
+ * index and length (int64) and key (uint64; 0 for a stretch of one id, or of more than pack). */
+static PyObject *cut(PyObject *self, PyObject *args) {
+    Cut c;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*ii", &c.flat, &c.starts, &c.table, &c.rules, &c.bits, &c.pack))
+        return NULL;
+    if (cut_marks(&c) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    PyObject *at_out = PyBytes_FromStringAndSize(NULL, c.count * 8);
+    PyObject *size_out = PyBytes_FromStringAndSize(NULL, c.count * 8);
+    PyObject *keys_out = PyBytes_FromStringAndSize(NULL, c.count * 8);
+    if (at_out != NULL && size_out != NULL && keys_out != NULL) {
+        long long *at = (long long *)PyBytes_AS_STRING(at_out), *size = (long long *)PyBytes_AS_STRING(size_out);
+        unsigned long long *key = (unsigned long long *)PyBytes_AS_STRING(keys_out);
+        const long long *ids = c.flat.buf;
+        Py_ssize_t s = 0;
+        for (Py_ssize_t k = 0; k < c.n; k++)
+            if (c.fresh[k])
+                at[s++] = k;
+        for (s = 0; s < c.count; s++) {
+            size[s] = (s + 1 < c.count ? at[s + 1] : c.n) - at[s];
+            key[s] = size[s] >= 2 && size[s] <= c.pack ? cut_key(ids, at[s], size[s], c.bits) : 0;
+        }
+        result = PyTuple_Pack(3, at_out, size_out, keys_out);
+    }
+    Py_XDECREF(at_out);
+    Py_XDECREF(size_out);
+    Py_XDECREF(keys_out);
+    cut_release(&c);
+    return result;
+}
+
+/* A growing int64 column of the stretches `unsettled` lists. */
+typedef struct {
+    long long *data;
+    Py_ssize_t size, room;
+} Column;
+
+static int column_push(Column *col, long long value) {
+    if (col->size == col->room) {
+        Py_ssize_t room = col->room ? 2 * col->room : 1024;
+        long long *data = PyMem_Realloc(col->data, (size_t)room * sizeof *data);
+        if (data == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        col->data = data;
+        col->room = room;
+    }
+    col->data[col->size++] = value;
+    return 0;
+}
+
+/* unsettled(flat, starts, table, rules, bits, pack, single, runs) -> (at, size, sample, key, kind)
+ * as int64 bytes: the stretches not known to be their own text's encoding, in order. Known are an
+ * added token alone, a lone id whose single[id] (int8 per id) is 1, a packed stretch whose key is
+ * in runs (a KeySet). The rest, by kind: 0 a lone id whose single[id] is 0 (not its text's
+ * encoding), 1 a lone id whose single[id] is neither (not known yet), 2 a packed stretch not in
+ * runs, 3 a stretch of more than pack ids; with its first index, length, sample and key (0 where
+ * not packed). Why: on an audit's data most stretches are known, and the caller then handles a
+ * few percent of them instead of every one. */
+static PyObject *unsettled(PyObject *self, PyObject *args) {
+    Cut c;
+    Py_buffer single;
+    PyObject *runs_obj;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*iiy*O!", &c.flat, &c.starts, &c.table, &c.rules, &c.bits, &c.pack,
+                          &single, &KeySetType, &runs_obj))
+        return NULL;
+    if (cut_marks(&c) < 0) {
+        PyBuffer_Release(&single);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Column col[5] = {{0}};
+    if (single.len != c.vocab) {
+        PyErr_SetString(PyExc_ValueError, "unsettled: expected one int8 in single per id of the table");
+        goto done;
+    }
+    KeySet *runs = (KeySet *)runs_obj;
+    const long long *ids = c.flat.buf, *begin = c.starts.buf;
+    const unsigned int *entry = c.table.buf;
+    const signed char *known = single.buf;
+    Py_ssize_t sample = -1;
+    for (Py_ssize_t lo = 0; lo < c.n;) {
+        Py_ssize_t hi = lo + 1;
+        while (hi < c.n && !c.fresh[hi])
+            hi++;
+        if (sample + 1 < c.samples && begin[sample + 1] == lo)
+            sample++;
+        Py_ssize_t size = hi - lo;
+        long long kind = -1; /* known */
+        unsigned long long key = 0;
+        if (size == 1) {
+            if (!((entry[ids[lo]] >> 16) & 1) && known[ids[lo]] != 1)
+                kind = known[ids[lo]] == 0 ? 0 : 1;
+        } else if (size <= c.pack) {
+            key = cut_key(ids, lo, size, c.bits);
+            Py_ssize_t at = keyset_home(key, runs->mask);
+            while (runs->slots[at] != 0 && runs->slots[at] != key)
+                at = (at + 1) & runs->mask;
+            if (runs->slots[at] != key)
+                kind = 2;
+        } else {
+            kind = 3;
+        }
+        if (kind >= 0 && (column_push(&col[0], lo) < 0 || column_push(&col[1], size) < 0
+                          || column_push(&col[2], sample) < 0 || column_push(&col[3], (long long)key) < 0
+                          || column_push(&col[4], kind) < 0))
+            goto done;
+        lo = hi;
+    }
+    result = PyTuple_New(5);
+    if (result == NULL)
+        goto done;
+    for (int j = 0; j < 5; j++) {
+        PyObject *part = PyBytes_FromStringAndSize((const char *)col[j].data, col[j].size * 8);
+        if (part == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyTuple_SET_ITEM(result, j, part);
+    }
+done:
+    for (int j = 0; j < 5; j++)
+        PyMem_Free(col[j].data);
+    PyBuffer_Release(&single);
+    cut_release(&c);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"ids_ok", ids_ok, METH_VARARGS, "ids_ok(value, vocab_size) -> bool"},
     {"join", join, METH_VARARGS, "join(ids, table, text) -> bytes | str | None"},
@@ -584,6 +817,9 @@ static PyMethodDef methods[] = {
     {"parse_ranks", parse_ranks, METH_VARARGS, "parse_ranks(data) -> (dict, lines) | None"},
     {"ascii_texts", ascii_texts, METH_VARARGS, "ascii_texts(table) -> list[str | None]"},
     {"digit_run", digit_run, METH_VARARGS, "digit_run(data, n) -> bool"},
+    {"cut", cut, METH_VARARGS, "cut(flat, starts, table, rules, bits, pack) -> (at, size, keys) as bytes"},
+    {"unsettled", unsettled, METH_VARARGS,
+     "unsettled(flat, starts, table, rules, bits, pack, single, runs) -> (at, size, sample, key, kind) as bytes"},
     {NULL, NULL, 0, NULL},
 };
 

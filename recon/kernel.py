@@ -107,6 +107,81 @@ class KeySetPy:
         return len(self._keys)
 
 
+def cut_table(first, last, added, ends_space, space_word) -> np.ndarray:
+    """:func:`cut`'s table: per id, ``first | last << 8`` (the classes of its first and last
+    character) with flags in bits 16-18 (an added token; ends with whitespace; a word a space
+    may open)."""
+    return (np.asarray(first, np.uint32) | np.asarray(last, np.uint32) << 8 | np.asarray(added, np.uint32) << 16
+            | np.asarray(ends_space, np.uint32) << 17 | np.asarray(space_word, np.uint32) << 18)
+
+
+def cut_py(flat, starts, table, rules, bits: int, pack: int) -> tuple[bytes, bytes, bytes]:
+    """The ids of a batch of samples cut into stretches (``flat``: every sample's ids, int64;
+    ``starts``: where each begins, strictly increasing from 0): before each sample's first id, and
+    between ids a and b where ``rules[last(a), first(b)]`` (a square table of 0/1 bytes), where a
+    or b is an added token, or where a ends with whitespace and b starts a word a space may open
+    (``table``: :func:`cut_table`, a uint32 per id). Returns each stretch's first index and size
+    (int64) and its key (uint64): a stretch of 2..``pack`` ids packed into one int, id + 1 in each
+    ``bits`` bits from the low end, else 0; all as bytes."""
+    flat, starts = np.asarray(flat, np.int64), np.asarray(starts, np.int64)
+    table = np.frombuffer(memoryview(table).cast("B"), np.uint32)
+    rules = np.frombuffer(memoryview(rules).cast("B"), np.uint8)
+    classes = int(round(len(rules) ** 0.5))
+    if len(memoryview(table).cast("B")) % 4 or classes * classes != len(rules) or classes > 256 \
+            or bits < 1 or pack < 1 or bits * pack > 64:
+        raise ValueError("cut: expected a uint32 entry per id, a square rules table of at most 256 classes, "
+                         "bits * pack <= 64")
+    first, last, flags = table & 0xFF, (table >> 8) & 0xFF, table >> 16
+    if np.any(first >= classes) or np.any(last >= classes):
+        raise ValueError("cut: the class of some id is not in the rules")
+    if np.any(rules > 1):
+        raise ValueError("cut: the rules must be 0 or 1")
+    if len(flat) and (flat.min() < 0 or flat.max() >= len(table)):
+        raise ValueError("cut: an id is not in the table")
+    if (len(starts) == 0) != (len(flat) == 0) or (len(starts) and starts[0] != 0) \
+            or np.any(np.diff(starts) <= 0) or (len(starts) and starts[-1] >= len(flat)):
+        raise ValueError("cut: starts must increase from 0 and stay inside the ids")
+    fresh = np.zeros(len(flat), dtype=bool)
+    fresh[starts] = True
+    a, b = flat[:-1], flat[1:]
+    fresh[1:] |= (rules.reshape(classes, classes)[last[a], first[b]].astype(bool) | (((flags[a] | flags[b]) & 1) > 0)
+                  | (((flags[a] & 2) > 0) & ((flags[b] & 4) > 0)))
+    at = np.flatnonzero(fresh).astype(np.int64)
+    size = np.diff(np.append(at, len(flat))).astype(np.int64)
+    keys = np.zeros(len(at), dtype=np.uint64)
+    packed = (size >= 2) & (size <= pack)
+    for j in range(pack):
+        inside = packed & (size > j)
+        keys[inside] |= (flat[at[inside] + j] + 1).astype(np.uint64) << np.uint64(bits * j)
+    return at.tobytes(), size.tobytes(), keys.tobytes()
+
+
+def unsettled_py(flat, starts, table, rules, bits: int, pack: int, single, runs) -> tuple[bytes, ...]:
+    """The stretches :func:`cut_py` cuts that are not known to be their own text's encoding, in
+    order, as int64 bytes: (first index, length, sample, key, kind). Known are an added token alone,
+    a lone id whose ``single[id]`` (int8 per id) is 1, a packed stretch whose key ``runs`` (a
+    KeySet) holds. The rest, by kind: 0 a lone id whose ``single[id]`` is 0, 1 a lone id whose
+    ``single[id]`` is neither, 2 a packed stretch not in ``runs``, 3 one of more than ``pack`` ids."""
+    at, size, keys = (np.frombuffer(part, kind) for part, kind in
+                      zip(cut_py(flat, starts, table, rules, bits, pack), (np.int64, np.int64, np.uint64)))
+    flat = np.asarray(flat, np.int64)
+    single = np.frombuffer(memoryview(single).cast("B"), np.int8)
+    table = np.frombuffer(memoryview(table).cast("B"), np.uint32)
+    if len(single) != len(table):
+        raise ValueError("unsettled: expected one int8 in single per id of the table")
+    kind = np.full(len(at), -1, dtype=np.int64)
+    lone = (size == 1) & ((table[flat[at]] >> 16) & 1 == 0)
+    known = single[flat[at]]
+    kind[lone & (known == 0)] = 0
+    kind[lone & (known != 0) & (known != 1)] = 1
+    packed = np.flatnonzero(keys)
+    kind[packed[np.frombuffer(runs.find(keys[packed]), dtype=bool) == 0]] = 2
+    kind[size > pack] = 3
+    sample = np.searchsorted(np.asarray(starts, np.int64), at, side="right") - 1
+    listed = kind >= 0
+    return tuple(part[listed].astype(np.int64).tobytes() for part in (at, size, sample, keys.astype(np.int64), kind))
+
+
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 
 
@@ -134,14 +209,16 @@ def parse_ranks_py(data: bytes) -> tuple[dict[bytes, int], int] | None:
 try:
     if os.environ.get("RECON_KERNEL") == "0":  # the twins on purpose (to compare, or to debug)
         raise ImportError("RECON_KERNEL=0")
-    from recon._kernel import KeySet, ascii_texts, count_in, digit_run, flatten, ids_ok, join, join_each
+    from recon._kernel import KeySet, ascii_texts, count_in, cut, digit_run, flatten, ids_ok, join, join_each
+    from recon._kernel import unsettled
     from recon._kernel import parse_ranks as _parse_ranks
     from recon._kernel import slices as _slices
 
     COMPILED = True
 except ImportError:  # built without a C compiler: the same answers, slower
     ids_ok, join, flatten, count_in, _slices = ids_ok_py, join_py, flatten_py, count_in_py, slices_py
-    ascii_texts, digit_run, KeySet, join_each = ascii_texts_py, digit_run_py, KeySetPy, join_each_py
+    ascii_texts, digit_run, KeySet, join_each, cut = ascii_texts_py, digit_run_py, KeySetPy, join_each_py, cut_py
+    unsettled = unsettled_py
     _parse_ranks = parse_ranks_py
     COMPILED = False
 

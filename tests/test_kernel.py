@@ -210,3 +210,96 @@ def test_key_set_grows_past_a_million_and_refuses_odd_buffers(KeySet):
 def test_join_each_is_join_of_each(join_each, lists, table, text):
     """The batch form equals the single form (itself held to ``bytes.join``) item by item."""
     assert join_each(lists, table, text) == [kernel.join_py(ids, table, text) for ids in lists]
+
+
+CUTS = [pytest.param(kernel.cut_py, kernel.unsettled_py, kernel.KeySetPy, id="python")] + (
+    [pytest.param(_kernel.cut, _kernel.unsettled, _kernel.KeySet, id="compiled")] if kernel.COMPILED else [])
+
+
+@st.composite
+def batches_to_cut(draw):
+    """A vocabulary's per-id classes and flags, rules between classes, samples of ids over it."""
+    vocab, classes = draw(st.integers(1, 40)), draw(st.integers(1, 5))
+    per_id = st.lists(st.integers(0, classes - 1), min_size=vocab, max_size=vocab)
+    flags = st.lists(st.booleans(), min_size=vocab, max_size=vocab)
+    first, last, added, ends_space, space_word = draw(per_id), draw(per_id), draw(flags), draw(flags), draw(flags)
+    rules = draw(st.lists(st.booleans(), min_size=classes * classes, max_size=classes * classes))
+    samples = draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=12), max_size=6))
+    bits = vocab.bit_length()
+    pack = draw(st.integers(1, min(4, 64 // bits)))
+    single = draw(st.lists(st.sampled_from([-1, 0, 1]), min_size=vocab, max_size=vocab))
+    return first, last, added, ends_space, space_word, rules, classes, samples, bits, pack, single
+
+
+def _stretches_by_hand(first, last, added, ends_space, space_word, rules, classes, samples):
+    """(sample, first index, ids) of every stretch, from the definition, pair by pair."""
+    out, at = [], 0
+    for s, ids in enumerate(samples):
+        for k, b in enumerate(ids):
+            a = ids[k - 1] if k else None
+            if a is None or rules[last[a] * classes + first[b]] or added[a] or added[b] or (ends_space[a] and space_word[b]):
+                out.append((s, at + k, [b]))
+            else:
+                out[-1][2].append(b)
+        at += len(ids)
+    return out
+
+
+@pytest.mark.parametrize("cut, unsettled, KeySet", CUTS)
+@EXAMPLES
+@given(case=batches_to_cut(), held_share=st.floats(0, 1))
+def test_cut_and_unsettled_follow_the_rules_pair_by_pair(cut, unsettled, KeySet, case, held_share):
+    """Stretches, their keys and which are unsettled, against a loop over every pair of ids."""
+    first, last, added, ends_space, space_word, rules, classes, samples, bits, pack, single = case
+    table = kernel.cut_table(first, last, added, ends_space, space_word)
+    flat = np.array([i for ids in samples for i in ids], dtype=np.int64)
+    starts = np.cumsum([0] + [len(ids) for ids in samples[:-1]]).astype(np.int64) if samples else np.zeros(0, np.int64)
+    rule_bytes = bytes(rules)
+    want = _stretches_by_hand(first, last, added, ends_space, space_word, rules, classes, samples)
+
+    def key(ids):
+        return sum((i + 1) << (bits * j) for j, i in enumerate(ids)) if 2 <= len(ids) <= pack else 0
+
+    at, size, keys = (np.frombuffer(part, kind).tolist() for part, kind in
+                      zip(cut(flat, starts, table, rule_bytes, bits, pack), (np.int64, np.int64, np.uint64)))
+    assert at == [a for _, a, _ in want] and size == [len(ids) for _, _, ids in want]
+    assert keys == [key(ids) for _, _, ids in want]
+    packed = sorted({key(ids) for _, _, ids in want if key(ids)})
+    held = set(packed[: int(len(packed) * held_share)])
+    runs = KeySet()
+    runs.add(np.array(sorted(held), dtype=np.uint64))
+    expected = []
+    for s, a, ids in want:
+        if len(ids) == 1:
+            kind = None if added[ids[0]] or single[ids[0]] == 1 else (0 if single[ids[0]] == 0 else 1)
+        else:
+            kind = 3 if len(ids) > pack else (None if key(ids) in held else 2)
+        if kind is not None:
+            expected.append((a, len(ids), s, key(ids), kind))
+    got = unsettled(flat, starts, table, rule_bytes, bits, pack, np.array(single, dtype=np.int8), runs)
+    assert list(zip(*(np.frombuffer(part, np.int64).tolist() for part in got))) == \
+        [(a, n, s, k - (1 << 64) if k >= 1 << 63 else k, kind) for a, n, s, k, kind in expected]
+
+
+@pytest.mark.parametrize("cut, unsettled, KeySet", CUTS)
+def test_cut_refuses_what_it_cannot_cut(cut, unsettled, KeySet):
+    """Ids outside the table, classes outside the rules, starts that don't begin at 0 or don't
+    increase, a wrong single table: a ValueError, never a read past a buffer."""
+    table = kernel.cut_table([0, 1, 0], [1, 0, 0], [False] * 3, [False] * 3, [False] * 3)
+    rules, flat = bytes([0, 1, 1, 0]), np.array([0, 1, 2, 1], dtype=np.int64)
+    good = np.array([0, 2], dtype=np.int64)
+    assert len(cut(flat, good, table, rules, 2, 3)[0]) > 0
+    for ids, starts, tab, rul in [
+        (np.array([0, 3], dtype=np.int64), good, table, rules),  # id 3: no such id
+        (np.array([0, -1], dtype=np.int64), good, table, rules),
+        (flat, np.array([1, 2], dtype=np.int64), table, rules),  # not from 0
+        (flat, np.array([0, 2, 2], dtype=np.int64), table, rules),  # not increasing
+        (flat, np.array([0, 4], dtype=np.int64), table, rules),  # past the ids
+        (flat, good, table, bytes([0, 1, 1])),  # not square
+        (flat, good, table, bytes([0, 2, 1, 0])),  # not 0/1
+        (flat, good, kernel.cut_table([0, 5, 0], [0, 0, 0], *[[False] * 3] * 3), rules),  # class 5 of 2
+    ]:
+        with pytest.raises(ValueError):
+            cut(ids, starts, tab, rul, 2, 3)
+    with pytest.raises(ValueError):
+        unsettled(flat, good, table, rules, 2, 3, np.zeros(2, dtype=np.int8), KeySet())

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 import regex
 
-from recon.kernel import KeySet, count_in, flatten, slices
+from recon.kernel import KeySet, count_in, cut, cut_table, flatten, slices, unsettled
 from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
 from recon.tokenizers.fast.glue import GluedEncoder, SpecialGlue
 from recon.tokenizers.fast.wordcache import WordCache, prefixes_of_others
@@ -81,17 +81,19 @@ class CanonicalCheck:
         first = class_at(starts, self._known)
         second = class_at(starts + 1, byte_lengths > 1)
         last = class_at(starts + byte_lengths - 1, self._known)
-        self._first, self._last = first, last
-        self._rules = np.array(rules.pairs, dtype=bool)
-        #: per id: the token ends with whitespace; it starts with a space the rules let a fresh
-        #: pre-token start with after whitespace
+        pairs = np.array(rules.pairs, dtype=bool)
+        # per id: the token ends with whitespace; it starts with a space the rules let a fresh
+        # pre-token start with after whitespace
         spaces = sorted({int(classes[ord(c)]) for c in ALPHABET if regex.match(r"\s", c)})
-        self._ends_space = np.isin(last, spaces)
+        ends_space = np.isin(last, spaces)
         space_first = rules.space_first if rules.space_first is not None else {int(classes[ord(" ")])}
-        self._space_word = np.isin(first, sorted(space_first)) & np.isin(second, sorted(rules.space_then))
+        space_word = np.isin(first, sorted(space_first)) & np.isin(second, sorted(rules.space_then))
         self._added = np.zeros(vocab_size, dtype=bool)
         self._added[list(added_ids)] = True
-        self._glued = GluedEncoder(cache, token_bytes, byte_lengths, first, last, self._rules, classes, rules.glue,
+        #: per id, what :func:`recon.kernel.cut` reads of it
+        self._cut_table = cut_table(first, last, self._added, ends_space, space_word)
+        self._rules_bytes = pairs.astype(np.uint8).tobytes()
+        self._glued = GluedEncoder(cache, token_bytes, byte_lengths, first, last, pairs, classes, rules.glue,
                                    encode_glued, special_glue)
         self._prefixes, self._inside = _prefix_counts(cache, vocab_size)
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
@@ -148,46 +150,44 @@ class CanonicalCheck:
         added = self._added[flat]
         extracted = self._added_where_held(texts, spelled, flat, starts, added)
         # a stretch starts at each sample's first token, around every added token, and at every
-        # boundary the rules make certain
-        cut = np.zeros(len(flat), dtype=bool)
-        cut[starts] = True
-        left, right = flat[:-1], flat[1:]
-        cut[1:] |= (self._rules[self._last[left], self._first[right]] | added[:-1] | added[1:]
-                    | (self._ends_space[left] & self._space_word[right]))
-        first = np.flatnonzero(cut)
-        size = np.diff(np.append(first, len(flat)))
-        good, keys, tuples = self._stretches_known(flat, first, size, added)
-        whole = np.logical_and.reduceat(good, np.searchsorted(first, starts)) & extracted
+        # boundary the rules make certain; most are known to be their text's encoding, the others
+        # (unsettled) are looked up or learned here
+        at, size, sample, keys, kind = (np.frombuffer(part, np.int64) for part in unsettled(
+            flat, starts, self._cut_table, self._rules_bytes, self._bits, self._pack, self._single, self._runs))
+        good, tuples = self._settle(flat, at, size, keys.view(np.uint64), kind)
+        whole = extracted.copy()
+        whole[sample[~good]] = False
         for k, ok in zip(spelled, whole.tolist()):
             if ok:
                 out[k] = list(guesses[k])
         # a sample whose added tokens are right but some stretch is not its text's encoding:
         # its encoding is the guess with each such stretch encoded (a cut splits the work)
         bad = np.flatnonzero(~good)
+        bad = bad[extracted[sample[bad]]]
         if len(bad):
-            sample = np.searchsorted(starts, first[bad], side="right") - 1
-            fixable = extracted[sample]
-            bad, sample = bad[fixable], sample[fixable]
-            encoded = self._encode(slices(flat, first[bad], size[bad]))
+            encoded = self._encode(slices(flat, at[bad], size[bad]))
             spliced: dict[int, list[int]] = {}
-            at: dict[int, int] = {}  # per sample: how far its guess is copied
+            done_to: dict[int, int] = {}  # per sample: how far its guess is copied
             unsure: set[int] = set()  # (a stretch with no encoding: the caller encodes the sample)
-            for b, s, ids in zip(bad.tolist(), sample.tolist(), encoded):
+            for b, s, ids in zip(bad.tolist(), sample[bad].tolist(), encoded):
                 if ids is None:
                     unsure.add(s)
                     continue
-                guess, begin = guesses[spelled[s]], int(first[b] - starts[s])
+                guess, begin = guesses[spelled[s]], int(at[b] - starts[s])
                 done = spliced.setdefault(s, [])
-                done += guess[at.get(s, 0) : begin]
+                done += guess[done_to.get(s, 0) : begin]
                 done += ids
-                at[s] = begin + int(size[b])
+                done_to[s] = begin + int(size[b])
             for s, done in spliced.items():
                 if s in unsure:
                     continue
                 guess = guesses[spelled[s]]
-                out[spelled[s]] = done + list(guess[at[s] :])
+                out[spelled[s]] = done + list(guess[done_to[s] :])
         # a store that is full keeps what this batch used (nothing, if that is over half of it)
         if len(self._runs) > self.max_packed:
+            keys = np.frombuffer(cut(flat, starts, self._cut_table, self._rules_bytes, self._bits, self._pack)[2],
+                                 np.uint64)
+            keys = keys[keys != 0]  # every packed stretch of the batch
             runs = KeySet()
             runs.add(keys[np.frombuffer(self._runs.find(keys), dtype=bool)])
             self._runs = runs if len(runs) <= self.max_packed // 2 else KeySet()
@@ -252,26 +252,21 @@ class CanonicalCheck:
                 ok.append(_in_bytes(text, self._cache.added_spans(text)) == spans)
         return np.array(ok, dtype=bool)
 
-    def _stretches_known(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray,
-                         added: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
-        """Per stretch (``size[s]`` tokens from ``flat[first[s]]``): whether it is its own text's
-        encoding; and the keys of the stretches of two tokens or more: packed in an int (an
-        array), or longer ones as their ids' bytes.
-        Stretches not seen before are learned together, in one batch encode."""
-        good = np.ones(len(first), dtype=bool)  # an added token alone: extracted where it should be
-        lone = np.flatnonzero((size == 1) & ~added[first])
-        packed = np.flatnonzero((size > 1) & (size <= self._pack))
-        long = np.flatnonzero(size > self._pack)
-        lone_ids = flat[first[lone]]
-        packed_keys = self._packed(flat, first[packed], size[packed])
-        tuples = _slices(flat, first[long], size[long])
+    def _settle(self, flat: np.ndarray, at: np.ndarray, size: np.ndarray, keys: np.ndarray,
+                kind: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
+        """Per unsettled stretch (``size[s]`` tokens from ``flat[at[s]]``, of ``kind[s]`` as
+        :func:`recon.kernel.unsettled` lists them, ``keys[s]`` packed where it packs): whether it
+        is its own text's encoding; and the keys of the longer ones (their ids' bytes). Stretches
+        not seen before are learned together, in one batch encode."""
+        good = np.zeros(len(at), dtype=bool)  # kind 0: a lone token known not to be
+        lone, packed, long = (np.flatnonzero(kind == k) for k in (1, 2, 3))
+        lone_ids = flat[at[lone]]
+        tuples = _slices(flat, at[long], size[long])
         longs = self._long
-        new_lone = sorted(set(lone_ids[self._single[lone_ids] < 0].tolist()))  # (np.unique would import numpy.ma)
-        packed_hit = np.frombuffer(self._runs.find(packed_keys), dtype=bool)
-        missed = np.flatnonzero(~packed_hit)
-        missing, where, back = _distinct(packed_keys[missed])  # each missing key once, a stretch with it
-        where = packed[missed[where]]
-        new_packed = slices(flat, first[where], size[where])
+        new_lone = sorted(set(lone_ids.tolist()))  # (np.unique would import numpy.ma)
+        missing, where, back = _distinct(keys[packed])  # each missing key once, a stretch with it
+        where = packed[where]
+        new_packed = slices(flat, at[where], size[where])
         long_hit = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
         new_long = list(dict.fromkeys(compress(tuples, (~long_hit).tolist())))
         stretches = [[i] for i in new_lone] + new_packed + \
@@ -287,14 +282,12 @@ class CanonicalCheck:
             self._runs.add(missing[learned])
             longs.update(learned_long)
         good[lone] = self._single[lone_ids] == 1
-        good[packed] = packed_hit
-        if len(missed):  # the stretches missed: good where just learned to be
-            good[packed[missed]] = learned[back]
+        good[packed] = learned[back]
         if learned_long:
             long_hit[~long_hit] = np.fromiter(map(learned_long.__contains__, compress(tuples, (~long_hit).tolist())),
                                               bool, int((~long_hit).sum()))
         good[long] = long_hit
-        return good, packed_keys, tuples
+        return good, tuples
 
     def _learn(self, stretches: list[list[int]]) -> list[bool]:
         """Whether each stretch is the encoding of its own text."""
@@ -303,14 +296,6 @@ class CanonicalCheck:
     def _encode(self, stretches: list[list[int]]) -> list[list[int] | None]:
         """The encoding of each stretch's text (None for one whose bytes are not UTF-8)."""
         return self._glued.encode(stretches)
-
-    def _packed(self, flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """Each stretch of at most ``_pack`` tokens as one integer: id + 1 in each ``_bits`` bits."""
-        keys = np.zeros(len(first), dtype=np.uint64)
-        for j in range(int(size.max()) if len(size) else 0):
-            inside = size > j
-            keys[inside] |= (flat[first[inside] + j] + 1).astype(np.uint64) << np.uint64(self._bits * j)
-        return keys
 
 
 def _in_bytes(text: str, spans: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
