@@ -602,9 +602,9 @@ static void cut_release(Cut *c) {
 /* Checks the buffers (every id in the table, every class in the rules, starts as above) and marks
  * where each stretch starts; -1 with an error set (the buffers released) where they are wrong. */
 static int cut_marks(Cut *c) {
-    const long long *ids = c->flat.buf, *begin = c->starts.buf;
-    const unsigned int *entry = c->table.buf;
-    const unsigned char *rule = c->rules.buf;
+    const long long *restrict ids = c->flat.buf, *restrict begin = c->starts.buf;
+    const unsigned int *restrict entry = c->table.buf;
+    const unsigned char *restrict rule = c->rules.buf;
     Py_ssize_t n = c->n = c->flat.len / 8, samples = c->samples = c->starts.len / 8, classes = 0;
     Py_ssize_t vocab = c->vocab = c->table.len / 4;
     while ((classes + 1) * (classes + 1) <= c->rules.len)
@@ -627,11 +627,6 @@ static int cut_marks(Cut *c) {
             PyErr_SetString(PyExc_ValueError, "cut: the rules must be 0 or 1");
             goto fail;
         }
-    for (Py_ssize_t k = 0; k < n; k++)
-        if ((unsigned long long)ids[k] >= (unsigned long long)vocab) {
-            PyErr_Format(PyExc_ValueError, "cut: id %lld is not in the table", ids[k]);
-            goto fail;
-        }
     for (Py_ssize_t s = 1; s < samples; s++)
         if (begin[s] <= begin[s - 1] || begin[s] >= n) {
             PyErr_SetString(PyExc_ValueError, "cut: starts must increase from 0 and stay inside the ids");
@@ -641,23 +636,25 @@ static int cut_marks(Cut *c) {
         PyErr_SetString(PyExc_ValueError, "cut: starts must increase from 0 and stay inside the ids");
         goto fail;
     }
-    c->fresh = PyMem_Malloc(n ? (size_t)n : 1);
-    if (c->fresh == NULL) {
+    unsigned char *restrict fresh = c->fresh = PyMem_Malloc(n ? (size_t)n : 1);
+    if (fresh == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
     Py_ssize_t count = 0;
     for (Py_ssize_t s = 0; s < samples; s++) {
         Py_ssize_t lo = begin[s], hi = s + 1 < samples ? begin[s + 1] : n;
-        unsigned int before = entry[ids[lo]];
-        c->fresh[lo] = 1;
-        count++;
-        for (Py_ssize_t k = lo + 1; k < hi; k++) { /* (no branches: cuts are too frequent to predict) */
+        unsigned int before = 0;
+        for (Py_ssize_t k = lo; k < hi; k++) { /* (no branches but one never taken: cuts are too frequent to predict) */
+            if ((unsigned long long)ids[k] >= (unsigned long long)vocab) {
+                PyErr_Format(PyExc_ValueError, "cut: id %lld is not in the table", ids[k]);
+                goto fail;
+            }
             unsigned int now = entry[ids[k]], flags = before >> 16, next = now >> 16;
-            unsigned char fresh = (unsigned char)((rule[((before >> 8) & 0xFF) * classes + (now & 0xFF)] | flags
-                                                   | next | ((flags >> 1) & (next >> 2))) & 1);
-            c->fresh[k] = fresh;
-            count += fresh;
+            unsigned int cuts = (rule[((before >> 8) & 0xFF) * classes + (now & 0xFF)] | flags | next
+                                 | ((flags >> 1) & (next >> 2)) | (k == lo)) & 1;
+            fresh[k] = (unsigned char)cuts;
+            count += cuts;
             before = now;
         }
     }
@@ -692,9 +689,10 @@ static PyObject *cut(PyObject *self, PyObject *args) {
         long long *at = (long long *)PyBytes_AS_STRING(at_out), *size = (long long *)PyBytes_AS_STRING(size_out);
         unsigned long long *key = (unsigned long long *)PyBytes_AS_STRING(keys_out);
         const long long *ids = c.flat.buf;
+        const unsigned char *fresh = c.fresh;
         Py_ssize_t s = 0;
         for (Py_ssize_t k = 0; k < c.n; k++)
-            if (c.fresh[k])
+            if (fresh[k])
                 at[s++] = k;
         for (s = 0; s < c.count; s++) {
             size[s] = (s + 1 < c.count ? at[s + 1] : c.n) - at[s];
@@ -759,10 +757,11 @@ static PyObject *unsettled(PyObject *self, PyObject *args) {
     const long long *ids = c.flat.buf, *begin = c.starts.buf;
     const unsigned int *entry = c.table.buf;
     const signed char *known = single.buf;
-    Py_ssize_t sample = -1;
-    for (Py_ssize_t lo = 0; lo < c.n;) {
+    const unsigned char *fresh = c.fresh;
+    Py_ssize_t sample = -1, n = c.n;
+    for (Py_ssize_t lo = 0; lo < n;) {
         Py_ssize_t hi = lo + 1;
-        while (hi < c.n && !c.fresh[hi])
+        while (hi < n && !fresh[hi])
             hi++;
         if (sample + 1 < c.samples && begin[sample + 1] == lo)
             sample++;
