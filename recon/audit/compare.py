@@ -41,7 +41,7 @@ def mode_of(record: Record, mode: str = "auto") -> str:
 
 
 def _pieces(tok, ids: Sequence[int]) -> list[str]:
-    return list(map(tok.piece, ids))
+    return tok.pieces_of(ids)
 
 
 def _context(tok, ids: Sequence[int], at: int) -> str:

@@ -243,6 +243,18 @@ class Tokenizer(ABC):
                 table.append(b"")
         return table
 
+    def pieces_of(self, ids: Sequence[int]) -> list[str]:
+        """``[piece(i) for i in ids]``, with the pieces named before read straight from the cache
+        (an audit names ~35 for each mismatched record: a method call each cost more than the rest)."""
+        table = self.__dict__.get("pieces")
+        if table is not None:
+            return list(map(self.piece, ids))
+        get = self._piece_cache.get
+        out = list(map(get, ids))
+        if None in out:
+            out = [found if found is not None else self.piece(i) for i, found in zip(ids, out)]
+        return out
+
     def piece(self, token_id: int) -> str:
         """``pieces[token_id]``, without building the whole table (an audit names a few pieces
         per mismatch; the table costs a pass over the vocabulary in every worker)."""
