@@ -806,6 +806,76 @@ done:
     return result;
 }
 
+/* unglue_check(ids, stretches, lengths, glue_id, glue_size) -> bytes | None. ids: one encoding of
+ * the texts of `stretches` (lists of ids) glued together, a glue of glue_size bytes between each
+ * two; lengths: each id's byte length (native int64 per id). Cut back apart where the glues lie
+ * (by bytes: a stretch's text is its ids' bytes), per stretch 1 where the ids between its glues
+ * are exactly the stretch, else 0. None where the ids don't come apart there: a token running
+ * across a glue's edge, a glue place not held by glue_id alone, ids left over, or an id with no
+ * length. Why: learning whether each of a chunk's new stretches is its text's encoding cut the
+ * encoding into a list per stretch and compared lists, ~100k of each a chunk on cold data. */
+static PyObject *unglue_check(PyObject *self, PyObject *args) {
+    PyObject *ids, *stretches;
+    Py_buffer lengths;
+    long long glue_id, glue_size;
+    if (!PyArg_ParseTuple(args, "O!O!y*LL", &PyList_Type, &ids, &PyList_Type, &stretches, &lengths, &glue_id,
+                          &glue_size))
+        return NULL;
+    PyObject *out = NULL;
+    const long long *length = lengths.buf;
+    Py_ssize_t known = lengths.len / 8, n = PyList_GET_SIZE(ids), m = PyList_GET_SIZE(stretches), at = 0;
+    if (lengths.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "unglue_check: expected native int64 lengths");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, m);
+    if (out == NULL)
+        goto done;
+    char *same = PyBytes_AS_STRING(out);
+    for (Py_ssize_t k = 0; k < m; k++) {
+        PyObject *want = PyList_GET_ITEM(stretches, k);
+        if (!PyList_CheckExact(want))
+            goto apart;
+        Py_ssize_t size = PyList_GET_SIZE(want), from = at;
+        long long bytes = 0, got = 0;
+        int equal = 1;
+        for (Py_ssize_t j = 0; j < size; j++) {
+            long long id = PyLong_AsLongLong(PyList_GET_ITEM(want, j));
+            if (id < 0 || id >= known)
+                goto apart; /* (an error from a non-int is cleared there) */
+            bytes += length[id];
+        }
+        while (got < bytes && at < n) { /* the ids that spell this stretch's bytes */
+            long long id = PyLong_AsLongLong(PyList_GET_ITEM(ids, at));
+            if (id < 0 || id >= known)
+                goto apart;
+            if (at - from >= size || PyLong_AsLongLong(PyList_GET_ITEM(want, at - from)) != id)
+                equal = 0; /* (each of want was checked an int in range above) */
+            got += length[id];
+            at++;
+        }
+        if (got != bytes)
+            goto apart;
+        same[k] = (char)(equal && at - from == size);
+        if (k + 1 < m) { /* then the glue, alone */
+            if (at >= n || glue_id < 0 || glue_id >= known || length[glue_id] != glue_size
+                    || PyLong_AsLongLong(PyList_GET_ITEM(ids, at)) != glue_id)
+                goto apart;
+            at++;
+        }
+    }
+    if (at != n)
+        goto apart;
+    goto done;
+apart:
+    PyErr_Clear();
+    Py_CLEAR(out);
+    out = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&lengths);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"ids_ok", ids_ok, METH_VARARGS, "ids_ok(value, vocab_size) -> bool"},
     {"join", join, METH_VARARGS, "join(ids, table, text) -> bytes | str | None"},
@@ -817,6 +887,7 @@ static PyMethodDef methods[] = {
     {"ascii_texts", ascii_texts, METH_VARARGS, "ascii_texts(table) -> list[str | None]"},
     {"digit_run", digit_run, METH_VARARGS, "digit_run(data, n) -> bool"},
     {"cut", cut, METH_VARARGS, "cut(flat, starts, table, rules, bits, pack) -> (at, size, keys) as bytes"},
+    {"unglue_check", unglue_check, METH_VARARGS, "unglue_check(ids, stretches, lengths, glue_id, glue_size) -> bytes | None"},
     {"unsettled", unsettled, METH_VARARGS,
      "unsettled(flat, starts, table, rules, bits, pack, single, runs) -> (at, size, sample, key, kind) as bytes"},
     {NULL, NULL, 0, NULL},

@@ -182,6 +182,40 @@ def unsettled_py(flat, starts, table, rules, bits: int, pack: int, single, runs)
     return tuple(part[listed].astype(np.int64).tobytes() for part in (at, size, sample, keys.astype(np.int64), kind))
 
 
+def unglue_check_py(ids: list, stretches: list, lengths, glue_id: int, glue_size: int) -> bytes | None:
+    """``ids``, one encoding of the texts of ``stretches`` (lists of ids) glued together with a glue
+    of ``glue_size`` bytes between each two, cut back apart where the glues lie (by bytes; ``lengths``:
+    each id's byte length, int64): per stretch 1 where the ids between its glues are exactly the
+    stretch, else 0; None where the ids don't come apart there (a token across a glue's edge, a
+    glue place not held by ``glue_id`` alone, ids left over, an id with no length)."""
+    length = np.frombuffer(memoryview(lengths).cast("B"), np.int64).tolist()
+
+    def size_of(some) -> int | None:
+        if any(type(i) is not int or not 0 <= i < len(length) for i in some):
+            return None
+        return sum(length[i] for i in some)
+
+    same, at = [], 0
+    for k, want in enumerate(stretches):
+        bytes_ = size_of(want) if type(want) is list else None
+        if bytes_ is None:
+            return None
+        got, start = 0, at
+        while got < bytes_ and at < len(ids):
+            if size_of([ids[at]]) is None:
+                return None
+            got += length[ids[at]]
+            at += 1
+        if got != bytes_:
+            return None
+        same.append(ids[start:at] == want)
+        if k + 1 < len(stretches):
+            if at >= len(ids) or ids[at] != glue_id or not 0 <= glue_id < len(length) or length[glue_id] != glue_size:
+                return None
+            at += 1
+    return bytes(same) if at == len(ids) else None
+
+
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 
 
@@ -210,7 +244,7 @@ try:
     if os.environ.get("RECON_KERNEL") == "0":  # the twins on purpose (to compare, or to debug)
         raise ImportError("RECON_KERNEL=0")
     from recon._kernel import KeySet, ascii_texts, count_in, cut, digit_run, flatten, ids_ok, join, join_each
-    from recon._kernel import unsettled
+    from recon._kernel import unglue_check, unsettled
     from recon._kernel import parse_ranks as _parse_ranks
     from recon._kernel import slices as _slices
 
@@ -218,7 +252,7 @@ try:
 except ImportError:  # built without a C compiler: the same answers, slower
     ids_ok, join, flatten, count_in, _slices = ids_ok_py, join_py, flatten_py, count_in_py, slices_py
     ascii_texts, digit_run, KeySet, join_each, cut = ascii_texts_py, digit_run_py, KeySetPy, join_each_py, cut_py
-    unsettled = unsettled_py
+    unsettled, unglue_check = unsettled_py, unglue_check_py
     _parse_ranks = parse_ranks_py
     COMPILED = False
 

@@ -303,3 +303,57 @@ def test_cut_refuses_what_it_cannot_cut(cut, unsettled, KeySet):
             cut(ids, starts, tab, rul, 2, 3)
     with pytest.raises(ValueError):
         unsettled(flat, good, table, rules, 2, 3, np.zeros(2, dtype=np.int8), KeySet())
+
+
+def _unglued_by_offsets(ids, stretches, lengths, glue_id, glue_size):
+    """The oracle for unglue_check, by byte offsets: where every token of ``ids`` starts; each
+    glue must be one token starting where its stretch's bytes end; each stretch is the tokens
+    starting inside its bytes."""
+    starts, at = [], 0
+    for i in ids:
+        starts.append(at)
+        at += int(lengths[i])
+    where = dict(zip(starts, range(len(ids))))
+    same, offset = [], 0
+    for k, want in enumerate(stretches):
+        end = offset + sum(int(lengths[i]) for i in want)
+        inside = [ids[t] for t, s in enumerate(starts) if offset <= s < end]
+        if end not in where and (k + 1 < len(stretches) or end != at):
+            return None
+        same.append(inside == want)
+        if k + 1 < len(stretches):
+            t = where[end]
+            if ids[t] != glue_id or int(lengths[glue_id]) != glue_size:
+                return None
+            end += glue_size
+        offset = end
+    return bytes(same) if offset == at else None
+
+
+UNGLUES = [pytest.param(kernel.unglue_check_py, id="python")] + (
+    [pytest.param(_kernel.unglue_check, id="compiled")] if kernel.COMPILED else [])
+
+
+@pytest.mark.parametrize("unglue_check", UNGLUES)
+@EXAMPLES
+@given(lengths=st.lists(st.integers(1, 3), min_size=2, max_size=10), data=st.data())
+def test_unglue_check_cuts_at_the_glues_bytes(unglue_check, lengths, data):
+    """Glued encodings, as they are and with ids changed, added or dropped (a token across a glue's
+    edge, a glue missing, ids left over), against an oracle that works by byte offsets."""
+    vocab = len(lengths)
+    glue = data.draw(st.integers(0, vocab - 1))
+    stretches = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4), max_size=5))
+    ids = [i for k, s in enumerate(stretches) for i in ([glue] if k else []) + s]
+    for _ in range(data.draw(st.integers(0, 3))):
+        place = data.draw(st.integers(0, len(ids)))
+        change = data.draw(st.sampled_from(["set", "add", "drop"]))
+        if change == "add" or not ids:
+            ids.insert(place, data.draw(st.integers(0, vocab - 1)))
+        elif change == "set":
+            ids[min(place, len(ids) - 1)] = data.draw(st.integers(0, vocab - 1))
+        else:
+            del ids[min(place, len(ids) - 1)]
+    table = np.array(lengths, dtype=np.int64)
+    glue_size = lengths[glue] if data.draw(st.booleans()) else lengths[glue] + 1
+    assert unglue_check(ids, stretches, table, glue, glue_size) == _unglued_by_offsets(ids, stretches, table, glue, glue_size)
+    assert unglue_check([vocab], [[0]], table, glue, glue_size) is None  # an id with no length

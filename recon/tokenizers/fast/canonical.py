@@ -291,7 +291,7 @@ class CanonicalCheck:
 
     def _learn(self, stretches: list[list[int]]) -> list[bool]:
         """Whether each stretch is the encoding of its own text."""
-        return [got == want for got, want in zip(self._encode(stretches), stretches)]
+        return self._glued.matches(stretches)
 
     def _encode(self, stretches: list[list[int]]) -> list[list[int] | None]:
         """The encoding of each stretch's text (None for one whose bytes are not UTF-8)."""

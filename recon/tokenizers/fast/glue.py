@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from recon.kernel import join_each
+from recon.kernel import join_each, unglue_check
 from recon.tokenizers.fast.pretokenize import ALPHABET
 from recon.tokenizers.fast.wordcache import WordCache
 
@@ -45,7 +45,7 @@ class GluedEncoder:
     def __init__(self, cache: WordCache, token_bytes: Sequence[bytes], byte_lengths: np.ndarray, first: np.ndarray,
                  last: np.ndarray, pairs: np.ndarray, classes: np.ndarray, preferred: str | None,
                  encode_glued: Callable[[str], list[int] | None] | None, special: SpecialGlue | None = None):
-        self._cache, self._token_bytes, self._byte_lengths = cache, token_bytes, byte_lengths
+        self._cache, self._token_bytes, self._byte_lengths = cache, token_bytes, np.ascontiguousarray(byte_lengths, np.int64)
         self._special = special
         # the kernel's join takes a list: the tokenizer's own, not a copy, where it is one
         self._table = token_bytes if type(token_bytes) is list else list(token_bytes)
@@ -80,7 +80,18 @@ class GluedEncoder:
         return glues
 
     def encode(self, stretches: list[list[int]]) -> list[list[int] | None]:
-        """The encoding of each stretch's text (None for one whose bytes are not UTF-8).
+        """The encoding of each stretch's text (None for one whose bytes are not UTF-8)."""
+        return self._run(stretches, False)
+
+    def matches(self, stretches: list[list[int]]) -> list[bool]:
+        """Whether each stretch is the encoding of its own text: :meth:`encode`'s work, but the
+        glued encodings are held against the stretches where they lie
+        (:func:`recon.kernel.unglue_check`), not cut into a list per stretch."""
+        return [bool(same) for same in self._run(stretches, True)]
+
+    def _run(self, stretches: list[list[int]], check: bool) -> list:
+        """Each stretch's encoding, or with ``check`` whether it is the stretch (None / False for
+        one whose bytes are not UTF-8).
 
         The texts are encoded many at a time, glued with a character the rules cut around
         where the two stretches meet (:meth:`_glue_characters`; a digit, mostly): one native
@@ -102,7 +113,8 @@ class GluedEncoder:
                 fits = np.flatnonzero(todo & before[lasts] & after[firsts])
                 todo[fits] = False
                 for group in _groups(fits, sizes):
-                    for i, ids in zip(group, self._glued(glue, glue_id, [data[i] for i in group])):
+                    want = [stretches[i] for i in group] if check else None
+                    for i, ids in zip(group, self._glued(glue, glue_id, [data[i] for i in group], want=want)):
                         out[i] = ids
             special = self._special
             if special is not None and todo.sum() > 1:  # the rest, glued with an added token
@@ -112,8 +124,9 @@ class GluedEncoder:
                     left = left[[data[i].isascii() or accepts(data[i].decode("utf-8", "replace")) for i in left.tolist()]]
                 sizes[left] += len(special.text.encode()) - 1
                 for group in _groups(left, sizes):
+                    want = [stretches[i] for i in group] if check else None
                     for i, ids in zip(group, self._glued(special.text.encode(), special.id, [data[i] for i in group],
-                                                         special.encode)):
+                                                         special.encode, want)):
                         out[i] = ids
         # the rest one by one: natively where it vouches (a native call costs a few µs; the
         # word cache's Python pre-tokenizer several times that), else through the word cache
@@ -128,22 +141,28 @@ class GluedEncoder:
                     texts.append(text)
                     alone.append(i)
                 else:
-                    out[i] = ids
+                    out[i] = ids == stretches[i] if check else ids
         for i, ids in zip(alone, self._cache.encode_batch(texts)):
-            out[i] = ids
+            out[i] = ids == stretches[i] if check else ids
         return out
 
-    def _glued(self, glue: bytes, glue_id: int, data: list[bytes],
-               encode: Callable[[str], list[int] | None] | None = None) -> list[list[int] | None]:
+    def _glued(self, glue: bytes, glue_id: int, data: list[bytes], encode: Callable[[str], list[int] | None] | None = None,
+               want: list[list[int]] | None = None) -> list:
         """The encodings of the texts ``data`` spell, from one encode of them glued with ``glue``
         (the rules cut around it at every place it is put, or an added token the encoder
-        extracts first); Nones where that can't be done."""
+        extracts first); Nones where that can't be done. With ``want`` (the stretches ``data``
+        spells): whether each is its encoding, as 0/1 (bytes), or Nones."""
         try:
             text = glue.join(data).decode("utf-8")
         except UnicodeDecodeError:
             return [None] * len(data)
         ids = (encode or self._encode_glued)(text)
-        encoded = self.unglue(ids, data, glue_id, len(glue)) if ids is not None else None
+        if ids is None:
+            return [None] * len(data)
+        if want is not None:
+            same = unglue_check(ids, want, self._byte_lengths, glue_id, len(glue))
+            return same if same is not None else [None] * len(data)
+        encoded = self.unglue(ids, data, glue_id, len(glue))
         return encoded if encoded is not None else [None] * len(data)
 
     def unglue(self, ids: list[int], data: list[bytes], glue_id: int, glue_size: int = 1) -> list[list[int]] | None:
