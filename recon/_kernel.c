@@ -394,17 +394,22 @@ static PyObject *ascii_texts(PyObject *self, PyObject *args) {
 }
 
 /* digit_run(data, n) -> bool: whether bytes data hold n ASCII digits in a row (a JSON line with
- * an integer too long for 64 bits, which the fast JSON reader would make a float). */
+ * an integer too long for 64 bits, which the fast JSON reader would make a float). Each window of
+ * n bytes is read from its end back to its last non-digit, and the next window starts past that
+ * (no run of n can hold a non-digit): on a line of ids a few bytes a window, not every byte. */
 static PyObject *digit_run(PyObject *self, PyObject *args) {
     Py_buffer buf;
-    Py_ssize_t n, run = 0;
+    Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "y*n", &buf, &n))
         return NULL;
-    const unsigned char *p = buf.buf, *end = p + buf.len;
+    const unsigned char *data = buf.buf;
     int found = n <= 0;
-    for (; p < end && !found; p++) {
-        run = (*p >= '0' && *p <= '9') ? run + 1 : 0;
-        found = run >= n;
+    for (Py_ssize_t start = 0; !found && start <= buf.len - n;) {
+        Py_ssize_t j = start + n - 1;
+        while (j >= start && data[j] >= '0' && data[j] <= '9')
+            j--;
+        found = j < start;
+        start = j + 1;
     }
     PyBuffer_Release(&buf);
     return PyBool_FromLong(found);
