@@ -184,9 +184,23 @@ static long long count_scan(PyObject *text, PyObject *needles, const char *start
     const void *data = PyUnicode_DATA(text);
     long long total = 0;
     for (Py_ssize_t i = 0; i < length; i++) {
-        Py_UCS4 c = PyUnicode_READ(kind, data, i);
-        if (c < 256 && !starts[c])
-            continue;
+        /* the first place from i a needle may start, in a loop of the text's own width (reading
+         * through PyUnicode_READ tests the width at every character) */
+#define SKIP(T)                                                     \
+        {                                                           \
+            const T *chars = (const T *)data;                       \
+            while (i < length && chars[i] < 256 && !starts[chars[i]]) \
+                i++;                                                \
+        }
+        if (kind == PyUnicode_1BYTE_KIND)
+            SKIP(Py_UCS1)
+        else if (kind == PyUnicode_2BYTE_KIND)
+            SKIP(Py_UCS2)
+        else
+            SKIP(Py_UCS4)
+#undef SKIP
+        if (i >= length)
+            break;
         for (Py_ssize_t j = 0; j < m; j++) {
             PyObject *needle = PyList_GET_ITEM(needles, j);
             Py_ssize_t n = PyUnicode_GET_LENGTH(needle);
