@@ -230,6 +230,28 @@ def test_encode_with_guesses_is_the_native_encode(name, toks):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("many", [5, 150])
+def test_texts_that_spell_added_tokens_are_checked_where_their_ids_hold_them(name, toks, many):
+    """Texts holding an added token's text, some with it spelled by ordinary ids, some in the
+    middle: every one takes the way that compares where the ids hold added tokens with where the
+    encoder extracts them, few samples one by one and many at once; the native encode decides."""
+    tok, end = toks[name], END[name]
+    spelled = tok.encode(end, allow_special=False)
+    texts, guesses = [], []
+    for k in range(many):
+        head, tail = tok.encode(f"item {k}: "), tok.encode(f" then {k * 7} 中文")
+        guess = [head + tok.encode(end) + tail, head + spelled + tail, head + tail + spelled][k % 3]
+        texts.append(tok.decode(guess))
+        guesses.append(guess)
+    expected = [tok.encode(t) for t in texts]
+    got = tok.canonical_check().encode(texts, guesses)
+    assert all(g is None or g == e for g, e in zip(got, expected))
+    assert all(g == e for g, e, guess in zip(got, expected, guesses) if guess == e)  # (the canonical ones: answered)
+    assert any(guess != e for guess, e in zip(guesses, expected)) and any(guess == e for guess, e in zip(guesses, expected))
+    assert [ok for ok in tok.canonical_check().confirm(texts, guesses)] == [g == e for g, e in zip(guesses, expected)]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_canonical_code_is_confirmed_and_resegmented_code_is_not(name, kimi_dir):
     tok = recon.load_tokenizer(kimi_dir if name == "kimi-k2.5" else name)  # its own tables, learned from nothing
     rng, end = random.Random(5), tok.encode(END[name])

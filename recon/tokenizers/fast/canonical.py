@@ -225,32 +225,46 @@ class CanonicalCheck:
         """Per sample: whether the encoder extracts from its text exactly the added tokens its ids
         hold, at the same offsets (text that spells an added token with ordinary ones, or an added
         token the encoder would not extract, fails)."""
-        lengths = self._byte_lengths[flat]
-        ends = np.cumsum(lengths)
         at = np.flatnonzero(added)
         sample = np.searchsorted(starts, at, side="right") - 1
-        base = np.concatenate(([0], ends))[starts]  # each sample's first byte, laid end to end
-        offsets = (ends[at] - lengths[at] - base[sample]).tolist()
-        held: list[list[tuple[int, int]]] = [[] for _ in spelled]
-        for s, offset, token_id in zip(sample.tolist(), offsets, flat[at].tolist()):
-            held[s].append((offset, token_id))
         # most texts hold an added token's opening characters only inside the added tokens their
         # ids hold: then the encoder extracts exactly those (see _prefix_counts); the rest are
-        # extracted as the cache does it
+        # extracted as the cache does it, and compared with where the ids hold them
         quick = [False] * len(spelled)
         if self._prefixes is not None:
             inside = np.zeros(len(spelled), dtype=np.int64)
             np.add.at(inside, sample, self._inside[flat[at]])
             found = np.frombuffer(count_in([texts[k] for k in spelled], self._prefixes), np.int64)
             quick = (found == inside).tolist()
-        ok = []
-        for k, spans, only_held in zip(spelled, held, quick):
-            text = texts[k]
-            if only_held and not self._cache.bails(text):
-                ok.append(True)
-            else:
-                ok.append(_in_bytes(text, self._cache.added_spans(text)) == spans)
+        ok = [only_held and not self._cache.bails(texts[k]) for k, only_held in zip(spelled, quick)]
+        slow = [s for s, fine in enumerate(ok) if not fine]
+        for s, spans in zip(slow, self._held(flat, starts, at, sample, slow)):
+            text = texts[spelled[s]]
+            ok[s] = _in_bytes(text, self._cache.added_spans(text)) == spans
         return np.array(ok, dtype=bool)
+
+    def _held(self, flat: np.ndarray, starts: np.ndarray, at: np.ndarray, sample: np.ndarray,
+              which: list[int]) -> list[list[tuple[int, int]]]:
+        """(byte offset, id) of each added token each sample of ``which`` holds (``at``: where the
+        batch's added tokens are in ``flat``; ``sample``: whose each is). A few samples one by one
+        (most texts take the quick way), many at once over the whole batch."""
+        if len(which) > 64:
+            lengths = self._byte_lengths[flat]
+            ends = np.cumsum(lengths)
+            base = np.concatenate(([0], ends))[starts]  # each sample's first byte, laid end to end
+            offsets = (ends[at] - lengths[at] - base[sample]).tolist()
+            held: list[list[tuple[int, int]]] = [[] for _ in range(len(starts))]
+            for s, offset, token_id in zip(sample.tolist(), offsets, flat[at].tolist()):
+                held[s].append((offset, token_id))
+            return [held[s] for s in which]
+        out = []
+        for s in which:
+            lo, hi = np.searchsorted(sample, [s, s + 1])
+            first, mine = int(starts[s]), at[lo:hi] - int(starts[s])
+            ids = flat[first : first + int(mine[-1]) + 1] if len(mine) else flat[:0]
+            offsets = np.concatenate(([0], np.cumsum(self._byte_lengths[ids])))[mine]
+            out.append(list(zip(offsets.tolist(), ids[mine].tolist())))
+        return out
 
     def _settle(self, flat: np.ndarray, at: np.ndarray, size: np.ndarray, keys: np.ndarray,
                 kind: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
