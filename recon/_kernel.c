@@ -11,6 +11,24 @@
 #include <Python.h>
 #include <string.h>
 
+/* An exact int's value as PyLong_AsLongLongAndOverflow gives it (*overflow -1 or 1 past a long
+ * long), read straight from the one digit CPython keeps a small int in (every id): the general
+ * call cost more than the rest of a join or a flatten. */
+static inline long long id_value(PyObject *item, int *overflow) {
+    *overflow = 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)item))
+        return (long long)PyUnstable_Long_CompactValue((PyLongObject *)item);
+#else
+    Py_ssize_t size = Py_SIZE(item);
+    if (size == 1)
+        return (long long)((PyLongObject *)item)->ob_digit[0];
+    if (size == 0)
+        return 0;
+#endif
+    return PyLong_AsLongLongAndOverflow(item, overflow);
+}
+
 /* ids_ok(value, vocab_size) -> bool: value is a non-empty list whose every item is an int
  * (exactly: not a bool) in 0..vocab_size-1, or >= 0 where vocab_size is negative (unknown). */
 static PyObject *ids_ok(PyObject *self, PyObject *args) {
@@ -26,7 +44,7 @@ static PyObject *ids_ok(PyObject *self, PyObject *args) {
         if (!PyLong_CheckExact(item))
             Py_RETURN_FALSE;
         int overflow; /* -1 below, 1 above what a long long holds */
-        long long id = PyLong_AsLongLongAndOverflow(item, &overflow);
+        long long id = id_value(item, &overflow);
         if (overflow < 0 || (!overflow && id < 0) || (vocab >= 0 && (overflow > 0 || id >= vocab)))
             Py_RETURN_FALSE;
     }
@@ -41,7 +59,7 @@ static Py_ssize_t joined_size(PyObject **items, Py_ssize_t n, PyObject *table) {
         if (!PyLong_CheckExact(items[k]))
             return -1;
         int overflow;
-        long long id = PyLong_AsLongLongAndOverflow(items[k], &overflow);
+        long long id = id_value(items[k], &overflow);
         if (overflow || id < 0 || id >= entries)
             return -1;
         PyObject *entry = PyList_GET_ITEM(table, id);
@@ -54,7 +72,8 @@ static Py_ssize_t joined_size(PyObject **items, Py_ssize_t n, PyObject *table) {
 
 static void copy_joined(char *out, PyObject **items, Py_ssize_t n, PyObject *table) {
     for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *entry = PyList_GET_ITEM(table, PyLong_AsLongLong(items[k]));
+        int overflow; /* (none: joined_size checked every id) */
+        PyObject *entry = PyList_GET_ITEM(table, id_value(items[k], &overflow));
         Py_ssize_t size = PyBytes_GET_SIZE(entry);
         memcpy(out, PyBytes_AS_STRING(entry), size);
         out += size;
@@ -145,8 +164,10 @@ static PyObject *flatten(PyObject *self, PyObject *args) {
         PyObject **items = PySequence_Fast_ITEMS(ids);
         Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
         for (Py_ssize_t k = 0; k < n; k++) {
-            long long id = PyLong_AsLongLong(items[k]);
-            if (id == -1 && PyErr_Occurred()) {
+            int overflow;
+            long long id = id_value(items[k], &overflow);
+            if (overflow) {
+                PyLong_AsLongLong(items[k]); /* (its OverflowError) */
                 Py_DECREF(out);
                 return NULL;
             }
