@@ -768,14 +768,72 @@ static int column_push(Column *col, long long value) {
     return 0;
 }
 
-/* unsettled(flat, starts, table, rules, bits, pack, single, runs) -> (at, size, sample, key, kind)
+/* Which listed row first held each stretch (by its id, key or ids): open addressing over
+ * (hash, row + 1) entries, 0 empty, at most half full. */
+typedef struct {
+    unsigned long long *hash;
+    long long *row; /* row + 1 */
+    Py_ssize_t mask, used;
+} Firsts;
+
+static void firsts_free(Firsts *f) {
+    PyMem_Free(f->hash);
+    PyMem_Free(f->row);
+}
+
+static int firsts_grow(Firsts *f) {
+    Py_ssize_t size = f->mask ? 2 * (f->mask + 1) : 1024;
+    unsigned long long *hash = PyMem_Calloc((size_t)size, sizeof *hash);
+    long long *row = PyMem_Calloc((size_t)size, sizeof *row);
+    if (hash == NULL || row == NULL) {
+        PyMem_Free(hash);
+        PyMem_Free(row);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; f->mask && k <= f->mask; k++)
+        if (f->row[k]) {
+            Py_ssize_t at = keyset_home(f->hash[k], size - 1);
+            while (row[at])
+                at = (at + 1) & (size - 1);
+            hash[at] = f->hash[k];
+            row[at] = f->row[k];
+        }
+    firsts_free(f);
+    f->hash = hash;
+    f->row = row;
+    f->mask = size - 1;
+    return 0;
+}
+
+/* The first row listed with this hash and the same ids (the rows' stretches compared in flat;
+ * at and size: the listed rows' columns so far), or `row` itself, now listed; -1 on no memory. */
+static long long firsts_of(Firsts *f, unsigned long long hash, long long row, const long long *flat,
+                           const long long *at, const long long *size) {
+    if ((f->used + 1) * 2 > f->mask + 1 && firsts_grow(f) < 0)
+        return -1;
+    Py_ssize_t slot = keyset_home(hash, f->mask);
+    for (; f->row[slot]; slot = (slot + 1) & f->mask) {
+        long long other = f->row[slot] - 1;
+        if (f->hash[slot] == hash && size[other] == size[row]
+                && memcmp(flat + at[other], flat + at[row], (size_t)size[row] * sizeof *flat) == 0)
+            return other;
+    }
+    f->hash[slot] = hash;
+    f->row[slot] = row + 1;
+    f->used++;
+    return row;
+}
+
+/* unsettled(flat, starts, table, rules, bits, pack, single, runs) -> (at, size, sample, key, kind, first)
  * as int64 bytes: the stretches not known to be their own text's encoding, in order. Known are an
  * added token alone, a lone id whose single[id] (int8 per id) is 1, a packed stretch whose key is
  * in runs (a KeySet). The rest, by kind: 0 a lone id whose single[id] is 0 (not its text's
  * encoding), 1 a lone id whose single[id] is neither (not known yet), 2 a packed stretch not in
- * runs, 3 a stretch of more than pack ids; with its first index, length, sample and key (0 where
- * not packed). Why: on an audit's data most stretches are known, and the caller then handles a
- * few percent of them instead of every one. */
+ * runs, 3 a stretch of more than pack ids; with its first index, length, sample, key (0 where
+ * not packed) and the row that first lists the same ids (itself, the first time). Why: on an
+ * audit's data most stretches are known, and the caller then handles a few percent of them,
+ * and learns each new one once. */
 static PyObject *unsettled(PyObject *self, PyObject *args) {
     Cut c;
     Py_buffer single;
@@ -788,7 +846,8 @@ static PyObject *unsettled(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    Column col[5] = {{0}};
+    Column col[6] = {{0}};
+    Firsts firsts[3] = {{0}}; /* lone, packed, long */
     if (single.len != c.vocab) {
         PyErr_SetString(PyExc_ValueError, "unsettled: expected one int8 in single per id of the table");
         goto done;
@@ -821,16 +880,29 @@ static PyObject *unsettled(PyObject *self, PyObject *args) {
         } else {
             kind = 3;
         }
-        if (kind >= 0 && (column_push(&col[0], lo) < 0 || column_push(&col[1], size) < 0
-                          || column_push(&col[2], sample) < 0 || column_push(&col[3], (long long)key) < 0
-                          || column_push(&col[4], kind) < 0))
-            goto done;
+        if (kind >= 0) {
+            long long row = col[0].size, first = row;
+            if (column_push(&col[0], lo) < 0 || column_push(&col[1], size) < 0
+                    || column_push(&col[2], sample) < 0 || column_push(&col[3], (long long)key) < 0
+                    || column_push(&col[4], kind) < 0)
+                goto done;
+            if (kind >= 1) {
+                unsigned long long hash = kind == 2 ? key : (unsigned long long)ids[lo];
+                for (Py_ssize_t j = 1; kind == 3 && j < size; j++)
+                    hash = (hash ^ (unsigned long long)ids[lo + j]) * 0x100000001B3ULL;
+                first = firsts_of(&firsts[kind - 1], hash, row, ids, col[0].data, col[1].data);
+                if (first < 0)
+                    goto done;
+            }
+            if (column_push(&col[5], first) < 0)
+                goto done;
+        }
         lo = hi;
     }
-    result = PyTuple_New(5);
+    result = PyTuple_New(6);
     if (result == NULL)
         goto done;
-    for (int j = 0; j < 5; j++) {
+    for (int j = 0; j < 6; j++) {
         PyObject *part = PyBytes_FromStringAndSize((const char *)col[j].data, col[j].size * 8);
         if (part == NULL) {
             Py_CLEAR(result);
@@ -839,8 +911,10 @@ static PyObject *unsettled(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(result, j, part);
     }
 done:
-    for (int j = 0; j < 5; j++)
+    for (int j = 0; j < 6; j++)
         PyMem_Free(col[j].data);
+    for (int j = 0; j < 3; j++)
+        firsts_free(&firsts[j]);
     PyBuffer_Release(&single);
     cut_release(&c);
     return result;
@@ -929,7 +1003,7 @@ static PyMethodDef methods[] = {
     {"cut", cut, METH_VARARGS, "cut(flat, starts, table, rules, bits, pack) -> (at, size, keys) as bytes"},
     {"unglue_check", unglue_check, METH_VARARGS, "unglue_check(ids, stretches, lengths, glue_id, glue_size) -> bytes | None"},
     {"unsettled", unsettled, METH_VARARGS,
-     "unsettled(flat, starts, table, rules, bits, pack, single, runs) -> (at, size, sample, key, kind) as bytes"},
+     "unsettled(flat, starts, table, rules, bits, pack, single, runs) -> (at, size, sample, key, kind, first) as bytes"},
     {NULL, NULL, 0, NULL},
 };
 

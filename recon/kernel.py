@@ -158,10 +158,11 @@ def cut_py(flat, starts, table, rules, bits: int, pack: int) -> tuple[bytes, byt
 
 def unsettled_py(flat, starts, table, rules, bits: int, pack: int, single, runs) -> tuple[bytes, ...]:
     """The stretches :func:`cut_py` cuts that are not known to be their own text's encoding, in
-    order, as int64 bytes: (first index, length, sample, key, kind). Known are an added token alone,
+    order, as int64 bytes: (first index, length, sample, key, kind, first row). Known are an added token alone,
     a lone id whose ``single[id]`` (int8 per id) is 1, a packed stretch whose key ``runs`` (a
     KeySet) holds. The rest, by kind: 0 a lone id whose ``single[id]`` is 0, 1 a lone id whose
-    ``single[id]`` is neither, 2 a packed stretch not in ``runs``, 3 one of more than ``pack`` ids."""
+    ``single[id]`` is neither, 2 a packed stretch not in ``runs``, 3 one of more than ``pack`` ids.
+    First row: the row that first lists the same ids (itself, the first time; kind 0 always itself)."""
     at, size, keys = (np.frombuffer(part, kind) for part, kind in
                       zip(cut_py(flat, starts, table, rules, bits, pack), (np.int64, np.int64, np.uint64)))
     flat = np.asarray(flat, np.int64)
@@ -179,7 +180,12 @@ def unsettled_py(flat, starts, table, rules, bits: int, pack: int, single, runs)
     kind[size > pack] = 3
     sample = np.searchsorted(np.asarray(starts, np.int64), at, side="right") - 1
     listed = kind >= 0
-    return tuple(part[listed].astype(np.int64).tobytes() for part in (at, size, sample, keys.astype(np.int64), kind))
+    at, size, sample, keys, kind = (part[listed].astype(np.int64) for part in (at, size, sample, keys.astype(np.int64), kind))
+    first, seen = np.arange(len(at), dtype=np.int64), {}
+    for row, (a, n, k) in enumerate(zip(at.tolist(), size.tolist(), kind.tolist())):
+        if k >= 1:
+            first[row] = seen.setdefault((k, tuple(flat[a : a + n].tolist())), row)
+    return tuple(part.tobytes() for part in (at, size, sample, keys, kind, first))
 
 
 def unglue_check_py(ids: list, stretches: list, lengths, glue_id: int, glue_size: int) -> bytes | None:

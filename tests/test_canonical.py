@@ -229,18 +229,3 @@ def test_texts_with_added_tokens_anywhere_give_the_native_ids(name, tokenizers, 
     confirmed = tok.canonical_check().confirm(texts, guesses, tok.decode_batch(guesses))
     assert confirmed == [g == e for g, e in zip(guesses, expected)]
     assert 50 < sum(confirmed) < len(texts)  # both kinds are there
-
-
-@SETTINGS
-@given(keys=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 9), max_size=300))
-def test_distinct_keys_are_numpys_unique(keys):
-    """The keys looked up once each: numpy's ``unique`` is the oracle (any index of a key will do)."""
-    import numpy as np
-
-    from recon.tokenizers.fast.canonical import _distinct
-
-    array = np.array(keys, dtype=np.uint64)
-    unique, where, back = _distinct(array)
-    want, want_back = np.unique(array, return_inverse=True)
-    assert unique.tolist() == want.tolist() and back.tolist() == want_back.ravel().tolist()
-    assert array[where].tolist() == unique.tolist()

@@ -268,17 +268,19 @@ def test_cut_and_unsettled_follow_the_rules_pair_by_pair(cut, unsettled, KeySet,
     held = set(packed[: int(len(packed) * held_share)])
     runs = KeySet()
     runs.add(np.array(sorted(held), dtype=np.uint64))
-    expected = []
+    expected, first_row = [], {}
     for s, a, ids in want:
         if len(ids) == 1:
             kind = None if added[ids[0]] or single[ids[0]] == 1 else (0 if single[ids[0]] == 0 else 1)
         else:
             kind = 3 if len(ids) > pack else (None if key(ids) in held else 2)
         if kind is not None:
-            expected.append((a, len(ids), s, key(ids), kind))
+            row = len(expected)
+            first = first_row.setdefault(tuple(ids), row) if kind else row  # (kind 0 is not learned)
+            expected.append((a, len(ids), s, key(ids), kind, first))
     got = unsettled(flat, starts, table, rule_bytes, bits, pack, np.array(single, dtype=np.int8), runs)
     assert list(zip(*(np.frombuffer(part, np.int64).tolist() for part in got))) == \
-        [(a, n, s, k - (1 << 64) if k >= 1 << 63 else k, kind) for a, n, s, k, kind in expected]
+        [(a, n, s, k - (1 << 64) if k >= 1 << 63 else k, kind, first) for a, n, s, k, kind, first in expected]
 
 
 @pytest.mark.parametrize("cut, unsettled, KeySet", CUTS)

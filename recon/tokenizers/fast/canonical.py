@@ -152,9 +152,9 @@ class CanonicalCheck:
         # a stretch starts at each sample's first token, around every added token, and at every
         # boundary the rules make certain; most are known to be their text's encoding, the others
         # (unsettled) are looked up or learned here
-        at, size, sample, keys, kind = (np.frombuffer(part, np.int64) for part in unsettled(
+        at, size, sample, keys, kind, first = (np.frombuffer(part, np.int64) for part in unsettled(
             flat, starts, self._cut_table, self._rules_bytes, self._bits, self._pack, self._single, self._runs))
-        good, tuples = self._settle(flat, at, size, keys.view(np.uint64), kind)
+        good, tuples = self._settle(flat, at, size, keys.view(np.uint64), kind, first)
         whole = extracted.copy()
         whole[sample[~good]] = False
         for k, ok in zip(spelled, whole.tolist()):
@@ -266,42 +266,30 @@ class CanonicalCheck:
             out.append(list(zip(offsets.tolist(), ids[mine].tolist())))
         return out
 
-    def _settle(self, flat: np.ndarray, at: np.ndarray, size: np.ndarray, keys: np.ndarray,
-                kind: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
+    def _settle(self, flat: np.ndarray, at: np.ndarray, size: np.ndarray, keys: np.ndarray, kind: np.ndarray,
+                first: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
         """Per unsettled stretch (``size[s]`` tokens from ``flat[at[s]]``, of ``kind[s]`` as
-        :func:`recon.kernel.unsettled` lists them, ``keys[s]`` packed where it packs): whether it
-        is its own text's encoding; and the keys of the longer ones (their ids' bytes). Stretches
-        not seen before are learned together, in one batch encode."""
+        :func:`recon.kernel.unsettled` lists them, ``keys[s]`` packed where it packs, ``first[s]``
+        the row that first lists the same ids): whether it is its own text's encoding; and the
+        keys of the longer ones (their ids' bytes). Each distinct stretch is looked up or learned
+        once; those not seen before are learned together, in one batch encode."""
         good = np.zeros(len(at), dtype=bool)  # kind 0: a lone token known not to be
-        lone, packed, long = (np.flatnonzero(kind == k) for k in (1, 2, 3))
-        lone_ids = flat[at[lone]]
-        tuples = _slices(flat, at[long], size[long])
-        longs = self._long
-        new_lone = sorted(set(lone_ids.tolist()))  # (np.unique would import numpy.ma)
-        missing, where, back = _distinct(keys[packed])  # each missing key once, a stretch with it
-        where = packed[where]
-        new_packed = slices(flat, at[where], size[where])
-        long_hit = np.fromiter(map(longs.__contains__, tuples), bool, len(tuples))
-        new_long = list(dict.fromkeys(compress(tuples, (~long_hit).tolist())))
-        stretches = [[i] for i in new_lone] + new_packed + \
-            [memoryview(t).cast("i").tolist() for t in new_long]
-        learned = np.zeros(0, dtype=bool)
-        learned_long: set[bytes] = set()
-        if stretches:
-            ok = iter(self._learn(stretches))
-            for i in new_lone:
-                self._single[i] = next(ok)
-            learned = np.fromiter((next(ok) for _ in new_packed), bool, len(new_packed))  # per missing key
-            learned_long = {t for t in new_long if next(ok)}
-            self._runs.add(missing[learned])
-            longs.update(learned_long)
-        good[lone] = self._single[lone_ids] == 1
-        good[packed] = learned[back]
-        if learned_long:
-            long_hit[~long_hit] = np.fromiter(map(learned_long.__contains__, compress(tuples, (~long_hit).tolist())),
-                                              bool, int((~long_hit).sum()))
-        good[long] = long_hit
-        return good, tuples
+        new = first == np.arange(len(at))  # each distinct stretch's first row
+        longs = np.flatnonzero(new & (kind == 3))
+        tuples = _slices(flat, at[longs], size[longs])
+        known = np.fromiter(map(self._long.__contains__, tuples), bool, len(tuples))
+        good[longs[known]] = True
+        new[longs[known]] = False
+        new &= kind >= 1
+        learn = np.flatnonzero(new)
+        if len(learn):
+            good[learn] = self._learn(slices(flat, at[learn], size[learn]))
+            lone = learn[kind[learn] == 1]
+            self._single[flat[at[lone]]] = good[lone]
+            packed = learn[kind[learn] == 2]
+            self._runs.add(keys[packed[good[packed]]])
+            self._long.update(compress(tuples, (good[longs] & ~known).tolist()))
+        return good[first], tuples
 
     def _learn(self, stretches: list[list[int]]) -> list[bool]:
         """Whether each stretch is the encoding of its own text."""
@@ -346,19 +334,6 @@ def _prefix_counts(cache: WordCache, vocab_size: int) -> tuple[list[str] | None,
             if token_id < vocab_size:
                 inside[token_id] = sum(map(content.count, prefixes))
     return prefixes, inside
-
-
-def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``np.unique(keys, return_index=True, return_inverse=True)``, but the index of any one
-    place each key is at rather than the first: one unstable sort (numpy's is stable for that,
-    and twice as slow)."""
-    order = np.argsort(keys)
-    ordered = keys[order]
-    fresh = np.ones(len(keys), dtype=bool)  # where a key differs from the one before it
-    np.not_equal(ordered[1:], ordered[:-1], out=fresh[1:])
-    back = np.empty(len(keys), dtype=np.intp)
-    back[order] = np.cumsum(fresh) - 1
-    return ordered[fresh], order[fresh], back
 
 
 def _slices(flat: np.ndarray, first: np.ndarray, size: np.ndarray) -> list[bytes]:
