@@ -323,6 +323,9 @@ def test_piece_by_id_is_the_table_without_building_it():
         if tok.kind != "tiktoken":  # the HF core's own name for each id (tiktoken has none)
             assert got == [tok.core.id_to_token(i) or f"<{i}>" for i in ids], name
         assert tok.piece(tok.vocab_size + 3) == f"<{tok.vocab_size + 3}>" and tok.piece(-1) == "<-1>"
+        fresh = load_tokenizer(name)  # the batch form, from a cold cache: repeats, gaps, out of range
+        batch = ids + ids[:50] + sorted(tok.gap_ids)[:5] + [tok.vocab_size + 3, -1]
+        assert fresh.pieces_of(batch) == [tok.pieces[i] if 0 <= i < tok.vocab_size else f"<{i}>" for i in batch], name
 
 
 def test_batch_decode_is_the_cores(tokenizers, kimi):

@@ -247,6 +247,21 @@ class TiktokenTokenizer(Tokenizer):
             return added.content
         return bytes_to_piece(data)
 
+    def _pieces_batch(self, ids: list[int]) -> list[str]:
+        """An ordinary token's piece is its bytes in the byte-level alphabet, one character a
+        byte: the batch's bytes are translated in one call and cut back by their lengths (one
+        call each cost ~3 µs, on cold data a few thousand a chunk); added tokens one by one."""
+        table, added, size = self.token_bytes, self.added_ids, self.vocab_size
+        plain = [k for k, i in enumerate(ids) if type(i) is int and 0 <= i < size and i not in added and table[i]]
+        out: list[str | None] = [None] * len(ids)
+        text = bytes_to_piece(b"".join(table[ids[k]] for k in plain))
+        at = 0
+        for k in plain:
+            end = at + len(table[ids[k]])
+            out[k] = text[at:end]
+            at = end
+        return [found if found is not None else self.piece(i) for i, found in zip(ids, out)]
+
     def piece_to_id(self, piece: str) -> int | None:
         added = self.added_by_content.get(piece)
         if added is not None:

@@ -249,11 +249,18 @@ class Tokenizer(ABC):
         table = self.__dict__.get("pieces")
         if table is not None:
             return list(map(self.piece, ids))
-        get = self._piece_cache.get
-        out = list(map(get, ids))
+        cache = self._piece_cache
+        out = list(map(cache.get, ids))
         if None in out:
-            out = [found if found is not None else self.piece(i) for i, found in zip(ids, out)]
+            missing = list(dict.fromkeys(i for i, found in zip(ids, out) if found is None))
+            cache.update(zip(missing, self._pieces_batch(missing)))
+            out = [found if found is not None else cache[i] for i, found in zip(ids, out)]
         return out
+
+    def _pieces_batch(self, ids: list[int]) -> list[str]:
+        """:meth:`piece` of each of ``ids`` (none of them cached): a backend that can makes them
+        at once."""
+        return [self.piece(i) for i in ids]
 
     def piece(self, token_id: int) -> str:
         """``pieces[token_id]``, without building the whole table (an audit names a few pieces
