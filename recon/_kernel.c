@@ -747,61 +747,34 @@ static PyObject *cut(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* A growing int64 column of the stretches `unsettled` lists. */
+/* Which listed row first held each stretch (by its key or ids): open addressing over
+ * (hash, row + 1) slots, row 0 empty, at most half full (doubled past that). */
 typedef struct {
-    long long *data;
-    Py_ssize_t size, room;
-} Column;
+    unsigned long long hash;
+    long long row; /* row + 1 */
+} First;
 
-static int column_push(Column *col, long long value) {
-    if (col->size == col->room) {
-        Py_ssize_t room = col->room ? 2 * col->room : 1024;
-        long long *data = PyMem_Realloc(col->data, (size_t)room * sizeof *data);
-        if (data == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        col->data = data;
-        col->room = room;
-    }
-    col->data[col->size++] = value;
-    return 0;
-}
-
-/* Which listed row first held each stretch (by its id, key or ids): open addressing over
- * (hash, row + 1) entries, 0 empty, at most half full. */
 typedef struct {
-    unsigned long long *hash;
-    long long *row; /* row + 1 */
+    First *slots;
     Py_ssize_t mask, used;
 } Firsts;
 
-static void firsts_free(Firsts *f) {
-    PyMem_Free(f->hash);
-    PyMem_Free(f->row);
-}
-
 static int firsts_grow(Firsts *f) {
-    Py_ssize_t size = f->mask ? 2 * (f->mask + 1) : 1024;
-    unsigned long long *hash = PyMem_Calloc((size_t)size, sizeof *hash);
-    long long *row = PyMem_Calloc((size_t)size, sizeof *row);
-    if (hash == NULL || row == NULL) {
-        PyMem_Free(hash);
-        PyMem_Free(row);
+    Py_ssize_t size = f->slots ? 2 * (f->mask + 1) : 4096;
+    First *slots = PyMem_Calloc((size_t)size, sizeof *slots);
+    if (slots == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t k = 0; f->mask && k <= f->mask; k++)
-        if (f->row[k]) {
-            Py_ssize_t at = keyset_home(f->hash[k], size - 1);
-            while (row[at])
+    for (Py_ssize_t k = 0; f->slots && k <= f->mask; k++)
+        if (f->slots[k].row) {
+            Py_ssize_t at = keyset_home(f->slots[k].hash, size - 1);
+            while (slots[at].row)
                 at = (at + 1) & (size - 1);
-            hash[at] = f->hash[k];
-            row[at] = f->row[k];
+            slots[at] = f->slots[k];
         }
-    firsts_free(f);
-    f->hash = hash;
-    f->row = row;
+    PyMem_Free(f->slots);
+    f->slots = slots;
     f->mask = size - 1;
     return 0;
 }
@@ -810,17 +783,17 @@ static int firsts_grow(Firsts *f) {
  * at and size: the listed rows' columns so far), or `row` itself, now listed; -1 on no memory. */
 static long long firsts_of(Firsts *f, unsigned long long hash, long long row, const long long *flat,
                            const long long *at, const long long *size) {
-    if ((f->used + 1) * 2 > f->mask + 1 && firsts_grow(f) < 0)
+    if ((f->used + 1) * 2 > (f->slots ? f->mask + 1 : 0) && firsts_grow(f) < 0)
         return -1;
     Py_ssize_t slot = keyset_home(hash, f->mask);
-    for (; f->row[slot]; slot = (slot + 1) & f->mask) {
-        long long other = f->row[slot] - 1;
-        if (f->hash[slot] == hash && size[other] == size[row]
+    for (; f->slots[slot].row; slot = (slot + 1) & f->mask) {
+        long long other = f->slots[slot].row - 1;
+        if (f->slots[slot].hash == hash && size[other] == size[row]
                 && memcmp(flat + at[other], flat + at[row], (size_t)size[row] * sizeof *flat) == 0)
             return other;
     }
-    f->hash[slot] = hash;
-    f->row[slot] = row + 1;
+    f->slots[slot].hash = hash;
+    f->slots[slot].row = row + 1;
     f->used++;
     return row;
 }
@@ -846,18 +819,26 @@ static PyObject *unsettled(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    Column col[6] = {{0}};
-    Firsts firsts[3] = {{0}}; /* lone, packed, long */
+    /* the columns, room for every stretch (the pages never written are never touched), and
+     * the first row of each lone id (by id), packed key and longer stretch (hashed) */
+    long long *column = PyMem_Malloc((size_t)(6 * c.count + 1) * sizeof *column), *lone_first = NULL;
+    Firsts firsts[2] = {{0}}; /* packed, long */
+    if (column == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (single.len != c.vocab) {
         PyErr_SetString(PyExc_ValueError, "unsettled: expected one int8 in single per id of the table");
         goto done;
     }
+    long long *col_at = column, *col_size = column + c.count, *col_sample = column + 2 * c.count;
+    long long *col_key = column + 3 * c.count, *col_kind = column + 4 * c.count, *col_first = column + 5 * c.count;
     KeySet *runs = (KeySet *)runs_obj;
     const long long *ids = c.flat.buf, *begin = c.starts.buf;
     const unsigned int *entry = c.table.buf;
     const signed char *known = single.buf;
     const unsigned char *fresh = c.fresh;
-    Py_ssize_t sample = -1, n = c.n;
+    Py_ssize_t sample = -1, n = c.n, rows = 0;
     for (Py_ssize_t lo = 0; lo < n;) {
         Py_ssize_t hi = lo + 1;
         while (hi < n && !fresh[hi])
@@ -881,21 +862,36 @@ static PyObject *unsettled(PyObject *self, PyObject *args) {
             kind = 3;
         }
         if (kind >= 0) {
-            long long row = col[0].size, first = row;
-            if (column_push(&col[0], lo) < 0 || column_push(&col[1], size) < 0
-                    || column_push(&col[2], sample) < 0 || column_push(&col[3], (long long)key) < 0
-                    || column_push(&col[4], kind) < 0)
-                goto done;
-            if (kind >= 1) {
-                unsigned long long hash = kind == 2 ? key : (unsigned long long)ids[lo];
-                for (Py_ssize_t j = 1; kind == 3 && j < size; j++)
-                    hash = (hash ^ (unsigned long long)ids[lo + j]) * 0x100000001B3ULL;
-                first = firsts_of(&firsts[kind - 1], hash, row, ids, col[0].data, col[1].data);
+            long long row = rows++, first = row;
+            col_at[row] = lo;
+            col_size[row] = size;
+            col_sample[row] = sample;
+            col_key[row] = (long long)key;
+            col_kind[row] = kind;
+            if (kind == 1) {
+                if (lone_first == NULL) {
+                    lone_first = PyMem_Malloc((size_t)c.vocab * sizeof *lone_first);
+                    if (lone_first == NULL) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                    memset(lone_first, 0xFF, (size_t)c.vocab * sizeof *lone_first); /* -1: none yet */
+                }
+                if (lone_first[ids[lo]] < 0)
+                    lone_first[ids[lo]] = row;
+                first = lone_first[ids[lo]];
+            } else if (kind >= 2) {
+                unsigned long long hash = key;
+                if (kind == 3) {
+                    hash = (unsigned long long)ids[lo];
+                    for (Py_ssize_t j = 1; j < size; j++)
+                        hash = (hash ^ (unsigned long long)ids[lo + j]) * 0x100000001B3ULL;
+                }
+                first = firsts_of(&firsts[kind - 2], hash, row, ids, col_at, col_size);
                 if (first < 0)
                     goto done;
             }
-            if (column_push(&col[5], first) < 0)
-                goto done;
+            col_first[row] = first;
         }
         lo = hi;
     }
@@ -903,7 +899,7 @@ static PyObject *unsettled(PyObject *self, PyObject *args) {
     if (result == NULL)
         goto done;
     for (int j = 0; j < 6; j++) {
-        PyObject *part = PyBytes_FromStringAndSize((const char *)col[j].data, col[j].size * 8);
+        PyObject *part = PyBytes_FromStringAndSize((const char *)(column + j * c.count), rows * 8);
         if (part == NULL) {
             Py_CLEAR(result);
             goto done;
@@ -911,10 +907,10 @@ static PyObject *unsettled(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(result, j, part);
     }
 done:
-    for (int j = 0; j < 6; j++)
-        PyMem_Free(col[j].data);
-    for (int j = 0; j < 3; j++)
-        firsts_free(&firsts[j]);
+    PyMem_Free(column);
+    PyMem_Free(lone_first);
+    for (int j = 0; j < 2; j++)
+        PyMem_Free(firsts[j].slots);
     PyBuffer_Release(&single);
     cut_release(&c);
     return result;
