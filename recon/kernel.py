@@ -2,9 +2,9 @@
 built ``recon/_kernel.c``, else the Python twins below, which give the same answers (and are
 what the tests hold the compiled ones to).
 
-Why: on cold data each id is validated, looked up and copied into a chunk's array, and in
-Python every one of those touches is an interpreter step (about a quarter of an audit's time
-on cold data). The extension is built by ``pip install`` where a C compiler is present; without one the
+Why: on cold data each id is validated, looked up, copied into a chunk's array, cut into
+stretches and each stretch looked up, and in Python (or NumPy, a pass each) every one of those
+touches costs an interpreter step (together about half of an audit's time on cold data). The extension is built by ``pip install`` where a C compiler is present; without one the
 install still succeeds (the extension is optional) and these twins run; ``RECON_KERNEL=0`` runs
 them on purpose. :data:`COMPILED` says which ran.
 """
@@ -181,10 +181,11 @@ def unsettled_py(flat, starts, table, rules, bits: int, pack: int, single, runs)
     sample = np.searchsorted(np.asarray(starts, np.int64), at, side="right") - 1
     listed = kind >= 0
     at, size, sample, keys, kind = (part[listed].astype(np.int64) for part in (at, size, sample, keys.astype(np.int64), kind))
-    first, seen = np.arange(len(at), dtype=np.int64), {}
-    for row, (a, n, k) in enumerate(zip(at.tolist(), size.tolist(), kind.tolist())):
-        if k >= 1:
-            first[row] = seen.setdefault((k, tuple(flat[a : a + n].tolist())), row)
+    first, seen, data = np.arange(len(at), dtype=np.int64), {}, flat.tobytes()
+    for row, (a, n, k, key) in enumerate(zip(at.tolist(), size.tolist(), kind.tolist(), keys.tolist())):
+        if k >= 1:  # (a lone id's key is the id; a longer stretch's its ids' bytes)
+            same = key if k == 2 else data[a * 8 : (a + n) * 8] if k == 3 else int(flat[a])
+            first[row] = seen.setdefault((k, same), row)
     return tuple(part.tobytes() for part in (at, size, sample, keys, kind, first))
 
 

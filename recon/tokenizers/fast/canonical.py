@@ -3,12 +3,14 @@
 Why: an audit asks of every sample whether the ids are what the tokenizer makes of their text,
 and most samples say yes. Finding out by encoding the text cuts it into pre-tokens and looks each
 one up (:mod:`recon.tokenizers.fast.wordcache`), a few hundred Python operations per sample. Here the ids are cut
-instead, with NumPy, between two tokens where the pre-tokenizer starts a fresh pre-token
-whatever text surrounds them (:func:`recon.tokenizers.fast.pretokenize.boundary_rules`: after a letter, around a
-digit, before whitespace...). Each stretch between two cuts is then checked once in the life of
-the process: a single token against a table over the vocabulary, two to a few tokens as one
-integer in a set. Only stretches never seen before are spelled out and encoded, glued into
-long texts (one native call for many stretches, see :meth:`CanonicalCheck._encode`).
+instead, in one C pass over a batch's ids (:func:`recon.kernel.unsettled`), between two tokens where the
+pre-tokenizer starts a fresh pre-token whatever text surrounds them
+(:func:`recon.tokenizers.fast.pretokenize.boundary_rules`: after a letter, around a digit, before
+whitespace...). The same pass looks each stretch between two cuts up (a single token in a table
+over the vocabulary, two to a few tokens as one integer in a hash set) and lists the few it can't
+settle, so each stretch is checked once in the life of the process. Only stretches never seen
+before are spelled out and encoded, glued into long texts (one native call for many stretches,
+see :meth:`CanonicalCheck._learn`).
 
 Every token takes part, not only ASCII ones: a token's first and last character classes come from
 its bytes (a byte outside ASCII is class 0, which never cuts), so a cut always falls between two
