@@ -12,7 +12,9 @@ Every failure is classified: a *search error* when the sampled ids score higher 
 ones under the sampling distribution (the record's temperature, and top-p/top-k/min-p where its
 meta says; what the search maximizes), else a *model error* (the model prefers what was
 returned: no search can fix it); *hidden* when the sampled ids hold a special token the text does
-not show (the server skipped it in decoding: no cut of the text is the sampled ids). Calibration: of the samples at confidence >= 0.9, the share exact.
+not show (the server skipped it in decoding: no cut of the text is the sampled ids); *truncated*
+when the sampled ids hold a token recon's sampler removes even with its slack (the sampling
+engine's numbers kept it: the two engines disagree at the cut by more than the slack). Calibration: of the samples at confidence >= 0.9, the share exact.
 
 Input: ``data/heldout-t0.7.jsonl`` and ``data/heldout-t1.3.jsonl`` (made by ``recon generate``
 with seed 11, not the bundled seed-0 samples; see data/README.md). The held-out samples drawn
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -77,8 +80,9 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[P
                     sampled = score_ids(rec.prompt_ids, rec.output_ids, scorer, sampling)
                     # a special token the text does not show (skipped in decoding): outside every cut of the text
                     hidden = [i for i in rec.output_ids if i in fixed] != [i for i in res.canonical if i in fixed]
-                    row.update(returned_score=round(got, 4), sampled_score=round(sampled, 4),
-                               failure="hidden" if hidden else "search" if sampled > got + 1e-4 else "model")
+                    row.update(returned_score=round(got, 4), sampled_score=round(sampled, 4) if sampled > -math.inf else None,
+                               returned_ids=res.ids, failure="hidden" if hidden else "truncated" if sampled == -math.inf
+                               else "search" if sampled > got + 1e-4 else "model")
                 except Exception as exc:  # judging one record failed: it says so, the rest go on
                     row.update(error=search_failed(rec.id, exc, "scoring its ids"), failure="error")
             if row["error"]:
@@ -123,12 +127,13 @@ def print_failures(frame) -> None:
     encode is wrong, and the calibration line."""
     wrong = frame[~frame["canonical_exact"]]
     failure = frame["failure"] if "failure" in frame else None
-    print("\ntemperature  canonical wrong  recovered  search errors  model errors  hidden  failed  median s  total s  median calls")
+    print("\ntemperature  canonical wrong  recovered  search errors  model errors  hidden  truncated  failed  median s  total s  median calls")
     for t, g in sorted(wrong.groupby("temperature"), key=lambda kv: kv[0]):
         kinds = g["failure"] if failure is not None else None
-        search, model, hidden, failed = (int((kinds == k).sum()) if kinds is not None else "?" for k in ("search", "model", "hidden", "error"))
+        search, model, hidden, cut, failed = (int((kinds == k).sum()) if kinds is not None else "?"
+                                              for k in ("search", "model", "hidden", "truncated", "error"))
         every = frame[frame["temperature"] == t]  # time and calls over every sample at t, exact ones too
-        print(f"{t:>11g}  {len(g):>15}  {int(g['exact'].sum()):>9}  {search!s:>13}  {model!s:>12}  {hidden!s:>6}  {failed!s:>6}  "
+        print(f"{t:>11g}  {len(g):>15}  {int(g['exact'].sum()):>9}  {search!s:>13}  {model!s:>12}  {hidden!s:>6}  {cut!s:>9}  {failed!s:>6}  "
               f"{every.seconds.median():>8.2f}  {every.seconds.sum():>7.0f}  {every.calls.median():>12.0f}")
     if failure is not None:
         broken = frame[frame["canonical_exact"] & ~frame["exact"]]

@@ -247,7 +247,10 @@ def test_recovery_table_and_plot_data():
 
 
 HELD_OUT_ROWS = {"recover-heldout": ("heldout-t0.7", "heldout-t1.3"),  # (read by notebook 03)
-                 "recover-heldout-truncated": ("heldout-t1.0-p0.9", "heldout-t1.4-m0.05")}
+                 "recover-heldout-truncated": ("heldout-t1.0-p0.9", "heldout-t1.4-m0.05"),
+                 # drawn by llama.cpp itself (benchmarks/llamacpp_heldout.py)
+                 "recover-heldout-llamacpp": ("heldout-llamacpp-t0.7-p0.95", "heldout-llamacpp-t0.8-default",
+                                              "heldout-llamacpp-t1.4-m0.05")}
 
 
 @pytest.mark.parametrize("rows_name", sorted(HELD_OUT_ROWS))
@@ -260,7 +263,7 @@ def test_bundled_recovery_rows_match_the_held_out_data(tokenizers, rows_name):
     rows = pd.read_json(DATA / f"{rows_name}.jsonl", lines=True)
     names = HELD_OUT_ROWS[rows_name]
     held = [r for name in names for r in read_records(DATA / f"{name}.jsonl").records]
-    assert len(rows) == len(held) == 320 and list(rows["id"]) == [r.id for r in held]
+    assert len(rows) == len(held) == 160 * len(names) and list(rows["id"]) == [r.id for r in held]
     for rec, row in zip(held, rows.itertuples()):
         canonical = tok.encode(rec.response.content) + ([2] if rec.response.finish_reason == "stop" else [])
         assert row.canonical_exact == (canonical == rec.output_ids)
@@ -393,10 +396,9 @@ def test_recovery_reproduces_held_out_rows(model, bound):
     from recon.recovery.search import score_ids
 
     subset = {(r["dataset"], r["id"]): r["sampled_ids"] for r in map(json.loads, CI_SUBSET.read_text().splitlines())}
-    bundled = {(r.dataset, r.id): r for rows in ("recover-heldout", "recover-heldout-truncated")
+    bundled = {(r.dataset, r.id): r for rows in HELD_OUT_ROWS
                for r in pd.read_json(DATA / f"{rows}.jsonl", lines=True).itertuples()}
-    held = [r for name in ("heldout-t0.7", "heldout-t1.3", "heldout-t1.0-p0.9", "heldout-t1.4-m0.05")
-            for r in read_records(DATA / f"{name}.jsonl").records]
+    held = [r for names in HELD_OUT_ROWS.values() for name in names for r in read_records(DATA / f"{name}.jsonl").records]
     picked = [r for r in held if (r.dataset, r.id) in subset]
     assert len(picked) == len(subset) >= 4
     scorer = LocalScorer(model)

@@ -33,6 +33,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
         if args.together < 1:
             raise ReconError(f"--together {args.together}: expected 1 or more (searches run at once)")
+        if args.truncation_slack is not None and not args.truncation_slack >= 0:
+            raise ReconError(f"--truncation-slack {args.truncation_slack}: expected 0 or more nats")
         if args.dask and args.scorer != "local":
             raise ReconError("--dask runs the local scorer on the cluster's workers; a server scorer needs no cluster")
         scorer = make_scorer(args.scorer, tok, model=args.model, threads=args.threads, top_k=args.top_k,
@@ -45,10 +47,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
                 spec = (args.tokenizer, args.family, args.profile, args.model, args.threads, args.top_k)
                 results = recover_on_dask(todo, spec, args.dask, temperature=args.temperature, lookahead=args.lookahead,
-                                          together=args.together)
+                                          together=args.together, slack=args.truncation_slack)
             else:
                 results = recover(todo, bound, scorer, temperature=args.temperature, lookahead=args.lookahead,
-                                  progress=None if terminal else False, together=args.together) if todo else []
+                                  progress=None if terminal else False, together=args.together,
+                                  slack=args.truncation_slack) if todo else []
             for rec, res in zip(todo, results):
                 rec.meta = {**rec.meta, "recover": res.to_meta()}
                 out.write(rec)
@@ -112,6 +115,9 @@ def add_recover(sub) -> None:
     p.add_argument("--top-k", type=int, help="alternatives per position the scorer reports (default: local 64, server 20)")
     p.add_argument("--temperature", type=float,
                    help="score at this temperature (default: the record's meta temperature for the local scorer, else 1)")
+    p.add_argument("--truncation-slack", type=float, metavar="NATS",
+                   help="local: keep a token within NATS of the sampler's top-k/top-p/min-p cut (another engine's numerics "
+                        "differ there; default: 0 for samples recon generate drew, else 1.0; docs/recovery.md)")
     p.add_argument("--no-lookahead", dest="lookahead", action="store_false",
                    help="decide each cut by the token's own probability, not a window of the drafts after it (faster, worse)")
     p.add_argument("--min-confidence", type=float, default=0.9, metavar="P", help="confidence counted in the summary line")

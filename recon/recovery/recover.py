@@ -167,12 +167,14 @@ def _choices(seg: Segmenter, found) -> list[Choice]:
 
 
 def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, temperature: float | None = None,
-            lookahead: bool = True, progress: bool | None = None, together: int = 1) -> Iterator[Recovery]:
+            lookahead: bool = True, progress: bool | None = None, together: int = 1,
+            slack: float | None = None) -> Iterator[Recovery]:
     """Recover each record's sampled ids from its text (its response, or the API view of its
     output_ids): the canonical encode, then the search above. ``temperature``: score at this
     temperature; None takes the record's ``meta["temperature"]`` where the scorer can apply it,
     else 1; the sampler's truncation (``top_p``, ``top_k``, ``min_p`` in ``meta``) where the scorer
-    can apply it. Records without ``prompt_ids`` get an error (the model needs the context), and so
+    can apply it, with ``slack`` (nats; None: by the record,
+    :meth:`~recon.recovery.sampling.Sampling.from_meta`) for another engine's numerics at the cut. Records without ``prompt_ids`` get an error (the model needs the context), and so
     does a record whose search raised (:func:`search_failed`: one line naming it); every record gets a
     result, in order. ``together``: searches run at once, each round of their scorer calls run as
     one (:mod:`recon.recovery.together`; the local scorer only): the same ids for any value, a
@@ -186,7 +188,7 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
     bar = tqdm(total=len(jobs), desc="recover", unit="sample", disable=None if progress is None else not progress)
 
     def one(k: int, job, scoring) -> Recovery:
-        return _recover_one(*job, seg, scoring, temperature, lookahead)
+        return _recover_one(*job, seg, scoring, temperature, lookahead, slack)
 
     if together > 1 and getattr(scorer, "batches_alternatives", False) and len(jobs) > 1:
         from recon.recovery.together import run_together
@@ -202,7 +204,8 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
         bar.close()
 
 
-def _recover_one(rec: Record, rc, seg: Segmenter, scorer: Scorer, temperature: float | None, lookahead: bool) -> Recovery:
+def _recover_one(rec: Record, rc, seg: Segmenter, scorer: Scorer, temperature: float | None, lookahead: bool,
+                 slack: float | None = None) -> Recovery:
     """One record's recovery (see :func:`recover`)."""
     truth = rec.output_ids
     base = Recovery(rec.id, rec.dataset, None, rc.ids, None,
@@ -213,7 +216,7 @@ def _recover_one(rec: Record, rc, seg: Segmenter, scorer: Scorer, temperature: f
         base.error = "field prompt_ids: recovery scores the output in its context and needs the prompt ids"
     if base.error:
         return base
-    sampling = sampling_of(rec, scorer, temperature)
+    sampling = sampling_of(rec, scorer, temperature, slack)
     try:
         ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead,
                                                  length=token_count(rec))
@@ -248,11 +251,12 @@ def search_failed(rid: str, exc: BaseException, what: str = "the search") -> str
     return f"record {rid}: {what} failed ({type(exc).__name__}: {msg})"
 
 
-def sampling_of(rec: Record, scorer: Scorer, temperature: float | None = None) -> Sampling:
-    """The distribution to score ``rec`` under: its meta's sampler where ``scorer`` can apply it."""
+def sampling_of(rec: Record, scorer: Scorer, temperature: float | None = None, slack: float | None = None) -> Sampling:
+    """The distribution to score ``rec`` under: its meta's sampler where ``scorer`` can apply it
+    (``slack``: :meth:`~recon.recovery.sampling.Sampling.from_meta`'s)."""
     if not getattr(scorer, "tempered", False):
         return Sampling(temperature) if temperature else Sampling()
-    full = Sampling.from_meta(rec.meta, temperature)
+    full = Sampling.from_meta(rec.meta, temperature, slack)
     return full if getattr(scorer, "truncates", False) else Sampling(full.temperature)
 
 
