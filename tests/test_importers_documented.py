@@ -271,3 +271,23 @@ def test_broken_copies_of_every_fixture_never_stop_the_import(tmp_path):
         for kind in ("openai", "sglang"):
             items = list(iter_import(kind, path))
             assert {e.line for e in items if isinstance(e, RecordError)} <= {1, 2, 3, 4}
+
+
+def test_the_sampler_the_requests_asked_for_goes_into_meta(tmp_path):
+    """Responses do not say how they were sampled; `recon import --temperature/--top-p/...` keeps
+    what the requests asked for in each record's meta, beside what the response gave (usage's
+    completion_tokens), and recovery reads its sampler from there (another engine: the cut's slack)."""
+    from recon.recovery.sampling import ENGINE_SLACK, Sampling
+
+    out = tmp_path / "chat.jsonl"
+    run_ = recon("import", "vllm", str(D / "vllm_chat_logprobs.jsonl"), "--out", str(out), "--temperature", "0.6",
+                 "--top-p", "0.95", "--top-k", "20", "--engine", "vllm")
+    assert run_.returncode == 0, run_.stderr
+    recs = read_records(out).records
+    plain = {r.id: r for r in run("vllm", "vllm_chat_logprobs.jsonl")[0].values()}
+    assert recs and len(recs) == len(plain)
+    for rec in recs:
+        assert rec.meta == {**plain[rec.id].meta, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "engine": "vllm"}
+        assert Sampling.from_meta(rec.meta) == Sampling(0.6, 0.95, 20, 0.0, "hf", ENGINE_SLACK)
+    bad = recon("import", "vllm", str(D / "vllm_chat_logprobs.jsonl"), "--out", str(out), "--top-p", "1.5")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--top-p 1.5" in bad.stderr

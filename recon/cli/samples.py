@@ -22,7 +22,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     from recon.samples.importers import import_file
 
-    result = import_file(args.kind, args.inputs, args.out, dataset=args.dataset)
+    from recon.errors import ReconError
+
+    sampler = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p), ("top_k", args.top_k),
+                                 ("min_p", args.min_p), ("sampler_order", args.sampler_order), ("engine", args.engine))
+               if v is not None}
+    for name, ok in (("temperature", lambda v: v > 0), ("top_p", lambda v: 0 < v <= 1), ("top_k", lambda v: v >= 0),
+                     ("min_p", lambda v: 0 <= v <= 1)):
+        if name in sampler and not ok(sampler[name]):
+            raise ReconError(f"--{name.replace('_', '-')} {sampler[name]}: out of range (temperature > 0, 0 < top-p <= 1, "
+                             "top-k >= 0, 0 <= min-p <= 1)")
+    result = import_file(args.kind, args.inputs, args.out, dataset=args.dataset, meta=sampler)
     _print_errors(result.errors)
     print(f"wrote {result.records} records to {args.out}; {bad_record_count(result.errors)} bad input lines")
     return 0 if result.records else 2
@@ -55,6 +65,14 @@ def add_import(sub) -> None:
     p.add_argument("inputs", nargs="+", help="JSONL files, one server response a line")
     p.add_argument("--out", required=True)
     p.add_argument("--dataset", help="dataset name (default: the input file's stem)")
+    g = p.add_argument_group("the sampler the requests asked for (kept in meta: recon recover scores under it)")
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--top-k", type=int, help="0: off")
+    g.add_argument("--min-p", type=float)
+    g.add_argument("--sampler-order", choices=["hf", "llama.cpp"],
+                   help="hf (vLLM, SGLang, transformers: temperature first) or llama.cpp (temperature last)")
+    g.add_argument("--engine", help="what served them (e.g. vllm, sglang, llama.cpp), kept in meta")
     p.set_defaults(func=cmd_import)
 
 

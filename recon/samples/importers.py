@@ -320,7 +320,11 @@ class ImportResult:
     errors: list[RecordError] = field(default_factory=list)
 
 
-def import_file(kind: str, inputs: Iterable[str | Path], out: str | Path, *, dataset: str | None = None) -> ImportResult:
+def import_file(kind: str, inputs: Iterable[str | Path], out: str | Path, *, dataset: str | None = None,
+                meta: dict | None = None) -> ImportResult:
+    """Every good response of ``inputs`` as a record in ``out``. ``meta`` goes into each record's
+    meta: what the responses do not say and recovery needs, the sampler the requests asked for
+    (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``sampler_order``, ``engine``)."""
     result = ImportResult()
     good: list[Record] = []
     for path in inputs:
@@ -328,6 +332,8 @@ def import_file(kind: str, inputs: Iterable[str | Path], out: str | Path, *, dat
             if isinstance(item, RecordError):
                 result.errors.append(item)
             else:
+                if meta:
+                    item.meta = {**(item.meta or {}), **meta}
                 good.append(item)
     result.records = write_records(good, out)
     return result
