@@ -173,8 +173,9 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
     output_ids): the canonical encode, then the search above. ``temperature``: score at this
     temperature; None takes the record's ``meta["temperature"]`` where the scorer can apply it,
     else 1; the sampler's truncation (``top_p``, ``top_k``, ``min_p`` in ``meta``) where the scorer
-    can apply it, with ``slack`` (nats; None: by the record,
-    :meth:`~recon.recovery.sampling.Sampling.from_meta`) for another engine's numerics at the cut. Records without ``prompt_ids`` get an error (the model needs the context), and so
+    can apply it, with ``slack`` nats at the cut for another engine's numerics (None: by the
+    record, :meth:`~recon.recovery.sampling.Sampling.from_meta`). Records without ``prompt_ids``
+    get an error (the model needs the context), and so
     does a record whose search raised (:func:`search_failed`: one line naming it); every record gets a
     result, in order. ``together``: searches run at once, each round of their scorer calls run as
     one (:mod:`recon.recovery.together`; the local scorer only): the same ids for any value, a

@@ -63,8 +63,10 @@ class Sampling:
         t = temperature if temperature is not None else num("temperature", 1.0)
         order = meta.get("sampler_order") if meta.get("sampler_order") in ("hf", "llama.cpp") else "hf"
         top_p = num("top_p", 1.0)
-        return cls(t if t > 0 else 1.0, top_p if 0 < top_p <= 1 else 1.0, max(num("top_k", 0, int), 0),
-                   min(max(num("min_p", 0.0), 0.0), 1.0), order, max(float(slack), 0.0))
+        out = cls(t if t > 0 else 1.0, top_p if 0 < top_p <= 1 else 1.0, max(num("top_k", 0, int), 0),
+                  min(max(num("min_p", 0.0), 0.0), 1.0), order, max(float(slack), 0.0))
+        # no cut, no slack (one scorer tree for every sampler of the same temperature)
+        return out if out.truncates else cls(out.temperature, order=order)
 
     def log_probs(self, logits):
         """Log-probabilities (``-inf`` where truncated) from raw logits (a torch tensor, last axis the vocabulary)."""
