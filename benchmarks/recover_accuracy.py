@@ -23,6 +23,13 @@ was last changed and never tuned on) go through the same script:
 
     python benchmarks/recover_accuracy.py --inputs data/heldout-t1.0-p0.9.jsonl data/heldout-t1.4-m0.05.jsonl \
         --out data/recover-heldout-truncated.jsonl --shard 0/2 &      # and 1/2, then --report with the same --inputs/--out
+
+and so do the ones llama.cpp drew (``benchmarks/llamacpp_heldout.py``; recovered with slack at the
+cut for its numerics, recon.recovery.sampling):
+
+    python benchmarks/recover_accuracy.py --inputs data/heldout-llamacpp-t0.7-p0.95.jsonl \
+        data/heldout-llamacpp-t0.8-default.jsonl data/heldout-llamacpp-t1.4-m0.05.jsonl \
+        --out data/recover-heldout-llamacpp.jsonl --shard 0/2 &       # and 1/2, then --report
  Only the API view is used
 (response text + prompt ids); the ground-truth ids only judge the result. One row per sample
 goes to ``data/recover-heldout.jsonl`` (the file notebook 03 reads): canonical encode exact?
