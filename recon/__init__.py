@@ -5,6 +5,8 @@ data flows one way, records → reconstruct → audit → stats → report:
 
 * :mod:`recon.tokenizers` — a spec to a :class:`Tokenizer`, safely; special tokens found by text;
 * :mod:`recon.samples` — the sample format, reading, importers, export;
+* :mod:`recon.prompts` — chat templates, found where models ship them and rendered as the
+  engines (vLLM, SGLang: transformers) render them;
 * :mod:`recon.audit` — profiles, reconstruction, the audit, the engine at scale, statistics;
 * :mod:`recon.recovery` — the model: ground truth by sampling, recovery of sampled ids;
 * :mod:`recon.server` — an OpenAI-compatible server over the model, and a client;
@@ -57,7 +59,7 @@ MOVED = {
     "tally": "recon.audit.tally",
     "stats": "recon.audit.stats",
     "generate": "recon.recovery.model",
-    "templates": "recon.recovery.templates",
+    "templates": "recon.prompts.template",
     "recover": "recon.recovery.recover",
     "serve": "recon.server.serve",
     "client": "recon.server.client",
@@ -69,7 +71,7 @@ MOVED = {
 
 
 #: the rooms, importable as attributes too (``recon.audit.audit_records`` after ``import recon``)
-ROOMS = ("tokenizers", "samples", "audit", "recovery", "server", "notebook", "cli")
+ROOMS = ("tokenizers", "samples", "prompts", "audit", "recovery", "server", "notebook", "cli")
 
 
 def __getattr__(name: str):

@@ -13,7 +13,8 @@ import recon
 
 PACKAGE = Path(recon.__file__).parent
 #: the floors of docs/architecture.md; a room imports from lower floors (and its own room) only
-FLOORS = {"errors": 0, "kernel": 0, "tokenizers": 1, "samples": 1, "audit": 2, "recovery": 3, "server": 4, "notebook": 4, "cli": 5}
+FLOORS = {"errors": 0, "kernel": 0, "tokenizers": 1, "samples": 1, "prompts": 2, "audit": 3, "recovery": 4, "server": 5,
+          "notebook": 5, "cli": 6}
 
 
 def _room(module: str) -> str | None:

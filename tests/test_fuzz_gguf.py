@@ -27,7 +27,7 @@ from recon import TokenizerLoadError, load_tokenizer, specials
 from recon.tokenizers.bytelevel import bytes_to_piece
 from recon.cli import main
 from recon.errors import ReconError
-from recon.recovery.templates import render_chat_template
+from recon.prompts.template import render_chat_template
 
 from .conftest import ROOT
 
@@ -491,11 +491,14 @@ def test_template_payloads_are_refused_and_run_nothing(payload, tmp_path, monkey
 def test_templates_keep_the_helpers_real_templates_use():
     messages = [{"role": "user", "content": "<b>é</b>"}]
     tpl = "{% for m in messages %}{{ m | tojson }}{% if loop.index > 0 %}{% break %}{% endif %}{% endfor %}\n"
-    assert render_chat_template(tpl, "t", messages=messages) == '{"role": "user", "content": "<b>é</b>"}\n'
+    # transformers' whitespace: no keep_trailing_newline, so the template's last newline goes
+    assert render_chat_template(tpl, "t", messages=messages) == '{"role": "user", "content": "<b>é</b>"}'
     with pytest.raises(ReconError, match=r"^t: chat template: TemplateError: only user and assistant roles$"):
         render_chat_template("{{ raise_exception('only user and assistant roles') }}", "t")
+    # transformers' undefined: a variable not passed is falsy and prints nothing; using it is an error
+    assert render_chat_template("[{{ tools }}]{% if tools %}x{% endif %}", "t") == "[]"
     with pytest.raises(ReconError, match=r"^t: chat template: UndefinedError: 'tools' is undefined"):
-        render_chat_template("{{ tools }}", "t")
+        render_chat_template("{{ tools[0] }}", "t")
     with pytest.raises(ReconError, match=r"^t: chat template: line 2: not a valid template"):
         render_chat_template("ok\n{% if %}", "t")
 
@@ -515,7 +518,7 @@ def test_templates_cannot_exhaust_memory():
 
 def test_templates_cannot_hang_on_work_that_prints_nothing(monkeypatch):
     """The output cap cannot see loops that print nothing; the work budget can."""
-    import recon.recovery.templates as templates
+    import recon.prompts.template as templates
 
     budget = r"^t: chat template: more than {} loop iterations and calls; refused$"
     nested = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"  # 10^10 steps
@@ -545,7 +548,7 @@ def test_a_real_template_on_a_long_conversation_is_within_the_budget(smollm2_ggu
 
     template = read_gguf_metadata(smollm2_gguf)["tokenizer.chat_template"]
     messages = [{"role": ("user", "assistant")[i % 2], "content": f"message {i}"} for i in range(20_000)]
-    plain = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True).from_string(template)
+    plain = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(template)  # transformers' options
     ours = render_chat_template(template, "smollm2", messages=messages, add_generation_prompt=True)
     assert ours == plain.render(messages=messages, add_generation_prompt=True)
 
@@ -558,7 +561,7 @@ def test_real_smollm2_template_renders_as_before(smollm2_gguf):
 
     template = read_gguf_metadata(smollm2_gguf)["tokenizer.chat_template"]
     messages = [{"role": "user", "content": "Hi  there\n"}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "q"}]
-    plain = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True).from_string(template)
+    plain = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(template)  # transformers' options
     ours = render_chat_template(template, "smollm2", messages=messages, add_generation_prompt=True)
     assert ours == plain.render(messages=messages, add_generation_prompt=True)
     assert ours.endswith("<|im_start|>assistant\n") and ours.count("<|im_end|>") == 4

@@ -125,12 +125,14 @@ class LocalModel:
 
     def render(self, messages: list[dict]) -> str:
         """The generation prompt as the model's own chat template renders it."""
-        from recon.recovery.templates import render_chat_template
+        from recon.prompts.sources import special_token_variables
+        from recon.prompts.template import ChatTemplate
 
         if not self.chat_template:
             raise ReconError(f"{self.tokenizer.source}: no chat template in the GGUF metadata")
-        return render_chat_template(self.chat_template, f"{self.tokenizer.source} (tokenizer.chat_template)",
-                                    messages=messages, add_generation_prompt=True)
+        template = ChatTemplate(self.chat_template, f"{self.tokenizer.source} (tokenizer.chat_template)")
+        return template.render(messages, add_generation_prompt=True,
+                               special_tokens=special_token_variables(self.tokenizer))
 
     def sample(self, prompts_ids: Sequence[list[int]], *, temperature: float, top_p: float, max_new_tokens: int, seed: int,
                top_logprobs: int = 0, top_k: int = 0, min_p: float = 0.0) -> list[Sample]:
