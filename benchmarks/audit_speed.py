@@ -62,6 +62,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
+#: --markdown: the tables of docs/benchmarks.md, printed at the end (benchmarks/docs.py captures them)
+MARKDOWN: list[str] = []
 
 
 def bundled_ids() -> list[tuple[str, list[int]]]:
@@ -331,6 +333,21 @@ def print_cold(r: dict) -> None:
     print(f"recon audit peak {r['peak']:.1f} MB in {r['most']} processes (a second run, sampling memory: "
           f"{r['sampled_s']:.2f} s)")
 
+    rows_md = [(f"(a) naive loop: transformers `decode` then `encode` per sample (first {r['head']:,}, ×{n / r['head']:.4g})",
+                r["naive_s"], r["naive_cpu"]),
+               (f"(b) floor: the native batch decode + encode on 2 threads, ids in memory, loading untimed (best of {r['repeat']})",
+                floor["seconds"], floor["cpu_s"]),
+               (f"(c) the whole `recon audit FILE --tokenizer {r['tokenizer']} --profile {TOKENIZERS[r['tokenizer']][0] or 'plain'} "
+                f"--json` process, launch to exit (best of {r['repeat']})", r["recon_s"], r["recon_cpu"])]
+    MARKDOWN.append("\n".join(
+        [f"{n:,} cold records ({floor['text_mb']:.1f} MB of text, {len(odd):,} with a non-canonical split"
+         f"{', one in three with other scripts' if r['mixed'] else ''}), {r['tokenizer']}:", "",
+         "| | seconds | samples/s | MB/s | CPU s |", "|---|---:|---:|---:|---:|"]
+        + [f"| {name} | {t:.2f} | {n / t:,.0f} | {floor['text_mb'] / t:.1f} | {cpu:.2f} |" for name, t, cpu in rows_md]
+        + ["", f"(c)/(b) = {c_b:.2f} (target ≤ 0.5) and (a)/(c) = {a_c:.2f}; start-up (the same process on one record) "
+               f"{r['start_s']:.2f} s, past it (c)/(b) = {(r['recon_s'] - r['start_s']) / floor['seconds']:.2f}. "
+               f"Exact: {summary['exact']:,} (floor {floor['exact']:,}; the naive loop {r['naive_exact']:,} of its first "
+               f"{r['head']:,}). Peak memory of this `recon audit` {r['peak']:.1f} MB."]))
     expected = set(odd)
     surprises = sorted(expected.symmetric_difference(floor["mismatched"]))
     print(f"exact: floor {floor['exact']}, recon audit {summary['exact']}, naive {r['naive_exact']} of the first "
@@ -347,7 +364,15 @@ ALL = ["kimi", "deepseek-v4", "qwen3.6", "cl100k", "smollm2"]
 
 
 def print_table(rows: list[dict]) -> None:
-    """The README's table: one line per tokenizer, every figure from this run."""
+    """docs/benchmarks.md's table: one line per tokenizer, every figure from this run."""
+    lines = ["| tokenizer | records | floor s (2 threads) | recon audit s (whole) | recon/floor | start-up s | "
+             "past start-up | recon CPU s | exact (= floor) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        f = r["floor"]
+        lines.append(f"| {r['tokenizer']} | {r['samples']:,} | {f['seconds']:.2f} | {r['recon_s']:.2f} | "
+                     f"**{r['recon_s'] / f['seconds']:.2f}** | {r['start_s']:.2f} | {(r['recon_s'] - r['start_s']) / f['seconds']:.2f} | "
+                     f"{r['recon_cpu']:.2f} | {r['summary']['exact']:,} |")
+    MARKDOWN.append("\n".join(lines))
     print("\n| tokenizer | records | floor s (2 threads) | recon audit s (whole) | recon/floor | start-up s | "
           "past start-up | recon CPU s | exact (= floor) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -370,10 +395,15 @@ def main() -> None:
     parser.add_argument("--mixed", action="store_true", help="cold row: mix other scripts in (always, but for smollm2)")
     parser.add_argument("--baseline", type=Path, default=None, help="cold row: also time recon audit from this checkout")
     parser.add_argument("--repeat", type=int, default=3, help="cold row: floor and recon timed this many times each, in turn")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print only the markdown tables of docs/benchmarks.md on stdout (the report goes to stderr)")
     parser.add_argument("--cold-memory", default="",
                         help="two cold sizes for peak memory, e.g. 10000,1000000 (default '' skips: writing and "
                              "auditing 1M cold records takes a while and about 2 GB of disk)")
     args = parser.parse_args()
+    stdout = sys.stdout
+    if args.markdown:
+        sys.stdout = sys.stderr  # the usual report, as it goes; the tables at the end
     from recon.audit.engine import DEFAULT_CHUNK, default_workers
 
     # the cold runs are `recon audit` as typed, plus only the engine options given here
@@ -397,12 +427,13 @@ def main() -> None:
         memory(args.memory_samples, "samples", write_ids_file, lambda path: peak_memory_mb(path, args.chunk_size, args.workers))
     if args.cold:
         names = ALL if args.tokenizer == "all" else [args.tokenizer]
-        rows = []
+        rows, mark = [], len(MARKDOWN)
         for name in names:
             rows.append(cold(args.cold, options, repeat=args.repeat, tokenizer=name,
                              mixed=args.mixed or name != "smollm2" or len(names) > 1, baseline=args.baseline))
             print_cold(rows[-1])
         if len(rows) > 1:
+            del MARKDOWN[mark:]  # one table for every tokenizer instead of one each
             print_table(rows)
     if args.cold_memory:
         from cold_data import write_cold
@@ -414,6 +445,11 @@ def main() -> None:
             memory(args.cold_memory, f"cold {name} records",
                    lambda path, n: write_cold(path, n, tokenizer=spec[0], mixed=mixed),
                    lambda path: audit_process(path, options, tokenizer=spec)[:3])
+    if args.markdown:
+        sys.stdout = stdout
+        print(f"*{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+              f"tokenizers {tokenizers.__version__}.*\n")
+        print("\n\n".join(MARKDOWN))
 
 
 def memory(sizes: str, what: str, write, measure) -> None:
@@ -429,6 +465,10 @@ def memory(sizes: str, what: str, write, measure) -> None:
             print(f"recon audit, {n:>8} {what}: peak {peaks[n][0]:7.1f} MB in {peaks[n][2]} processes, "
                   f"{peaks[n][1]:6.1f} s end to end")
     ratio = peaks[large][0] / peaks[small][0]
+    MARKDOWN.append("\n".join(
+        ["| `recon audit` on | peak memory (PSS, driver and workers) | processes | seconds end to end |", "|---|---:|---:|---:|"]
+        + [f"| {n:,} {what} | {peaks[n][0]:.1f} MB | {peaks[n][2]} | {peaks[n][1]:.1f} |" for n in (small, large)]
+        + ["", f"peak({large:,}) / peak({small:,}) = {ratio:.3f} (target ≤ 1.2)."]))
     print(f"{what}: peak({large})/peak({small}) = {ratio:.3f}   target <= 1.2  {'MET' if ratio <= 1.2 else 'NOT MET'}")
 
 
@@ -448,6 +488,15 @@ def warm(args: argparse.Namespace) -> None:
     print(f"encoding the {len(bundled_ids())} distinct samples with everything cold: word cache {r['cold_hits']:.0%} hits, "
           f"{r['cold_s'] * 1e3:.1f} ms vs {r['cold_native_s'] * 1e3:.1f} ms native "
           f"({r['cold_s'] / r['cold_native_s']:.2f}x)")
+    names = {"naive_s": "(a) naive loop: transformers `decode` then `encode` per sample",
+             "floor_s": "(b) floor: one batched decode + one batched encode, no comparison",
+             "recon_s": f"(c) recon's audit engine, {args.workers} worker processes", "recon1_s": "recon, 1 process",
+             "native_s": "recon, word cache off (`RECON_WORD_CACHE=0`)"}
+    MARKDOWN.append("\n".join(
+        [f"{r['samples']:,} warm samples ({r['text_mb']:.1f} MB of text, {r['exact']:,} exact):", "",
+         "| | seconds | samples/s | MB/s |", "|---|---:|---:|---:|"]
+        + [f"| {names[key]} | {r[key]:.2f} | {r['samples'] / r[key]:,.0f} | {r['text_mb'] / r[key]:.1f} |" for _, key in rows]
+        + ["", f"(c)/(b) = {c_b:.2f} (target ≤ 1.3) and (a)/(c) = {a_c:.2f} (target ≥ 3)."]))
     print(f"\n(a)/(c) naive/recon = {a_c:.2f}   target >= 3    {'MET' if a_c >= 3 else 'NOT MET'}")
     print(f"(c)/(b) recon/floor = {c_b:.2f}   target <= 1.3  {'MET' if c_b <= 1.3 else 'NOT MET'}")
 

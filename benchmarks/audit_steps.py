@@ -64,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer", default="kimi", choices=sorted(TOKENIZERS))
     parser.add_argument("--chunks", type=int, default=10, help="chunks of 1,000 records timed (after one to warm up)")
+    parser.add_argument("--markdown", action="store_true", help="print the table of docs/benchmarks.md instead")
     args = parser.parse_args()
     from recon.audit import engine
 
@@ -83,6 +84,14 @@ def main() -> None:
             engine.audit_chunk_counted(work, None, chunk)
         total = time.perf_counter() - start
     n = len(chunks) - 1
+    if args.markdown:
+        print(f"{args.tokenizer}: {n} cold mixed-script chunks of 1,000 records after one to warm up, one process; "
+              f"a chunk took {1000 * total / n:.1f} ms. Steps nest (`canonical` holds `learn`, which holds `glued`; "
+              "`audit_chunk` holds all but `parse`).\n")
+        print("| step | ms a chunk | share of the chunk |\n|---|---:|---:|")
+        for step, seconds in spent.most_common():
+            print(f"| `{step}` | {1000 * seconds / n:.1f} | {100 * seconds / total:.1f}% |")
+        return
     print(f"{args.tokenizer}: {n} cold chunks of 1,000 records after one to warm up, one process")
     print(f"{'whole chunk':16} {1000 * total / n:7.1f} ms")
     for step, seconds in spent.most_common():

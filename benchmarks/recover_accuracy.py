@@ -100,7 +100,7 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[P
             start = time.perf_counter()
 
 
-def report(paths: list[Path], inputs: list[Path], rows_out: Path) -> None:
+def report(paths: list[Path], inputs: list[Path], rows_out: Path, as_markdown: bool = False) -> None:
     """Merge the shards' rows in input order, mark the non-canonical samples (same bytes as the
     canonical encode, other ids: the audit's non_canonical_bpe), write ROWS, print the table."""
     import pandas as pd
@@ -124,10 +124,42 @@ def report(paths: list[Path], inputs: list[Path], rows_out: Path) -> None:
     with open(rows_out, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+    if as_markdown:
+        print(markdown(frame))
+        return
     print(recovery_table(frame).to_string())
     print_failures(frame)
     print(f"\nrows: {rows_out} ({len(frame)} samples; recovery took {frame.seconds.sum() / 60:.1f} "
           f"CPU-minutes, median {frame.seconds.median():.1f} s a sample, {frame.calls.median():.0f} scorer calls)")
+
+
+def markdown(frame) -> str:
+    """The two tables docs/benchmarks.md shows (per dataset; per temperature among the samples whose
+    canonical encode is wrong) and a line of calibration and cost, all from the rows."""
+    from recon.recovery.recover import recovery_table
+
+    table = recovery_table(frame)
+    out = ["| dataset | samples | canonical encode wrong | non-canonical | recovered exactly | exact made wrong | exact before → after |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in table.iterrows():
+        r = {k: (int(v) if float(v).is_integer() else v) for k, v in r.items()}
+        before = 100 * (1 - r["canonical wrong"] / r["samples"])
+        out.append(f"| {name} | {r['samples']} | {r['canonical wrong']} ({r['canonical wrong %']:.1f}%) | {r['non-canonical']} | "
+                   f"{r['recovered exactly']} ({r['recovered %']:.1f}%) | {r['exact made wrong']} | {before:.1f}% → {r['exact after %']:.1f}% |")
+    out += ["", "| temperature | canonical wrong | recovered | search errors | model errors | hidden | truncated |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    wrong = frame[~frame["canonical_exact"]]
+    for t, g in sorted(wrong.groupby("temperature"), key=lambda kv: kv[0]):
+        kinds = [int((g["failure"] == k).sum()) for k in ("search", "model", "hidden", "truncated")]
+        out.append(f"| {t:g} | {len(g)} | {int(g['exact'].sum())} | " + " | ".join(map(str, kinds)) + " |")
+    sure = frame[frame["confidence"] >= 0.9]
+    medians = "; ".join(f"t={t:g}: {g.seconds.median():.2f} s and {g.calls.median():.0f} scorer calls"
+                        for t, g in sorted(frame.groupby("temperature"), key=lambda kv: kv[0]))
+    failed = int((frame["failure"] == "error").sum())
+    out += ["", f"At confidence ≥ 0.9: {len(sure)} samples, {int(sure['exact'].sum())} exact. Searches that raised: {failed}. "
+            f"Recovery took {frame.seconds.sum() / 60:.1f} CPU-minutes (the rows' `seconds`, one search at a time, "
+            f"one torch thread); the median sample, {medians}."]
+    return "\n".join(out)
 
 
 def print_failures(frame) -> None:
@@ -164,6 +196,8 @@ def main() -> None:
                     help="slack at the sampler's cut for every record, as recon recover's (default: by the record; "
                          "0 shows what the llama.cpp samples did before the cut had slack)")
     ap.add_argument("--out", type=Path, help=f"rows file (default {ROWS.relative_to(ROOT)}, the bundled rows)")
+    ap.add_argument("--markdown", action="store_true",
+                    help="with --report: print only the tables of docs/benchmarks.md (benchmarks/docs.py)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     inputs, rows_out = args.inputs or INPUTS, args.out or ROWS
@@ -181,13 +215,16 @@ def main() -> None:
         import pandas as pd
 
         frame = pd.read_json(rows_out, lines=True)
+        if args.markdown:
+            print(markdown(frame))
+            return
         print(recovery_table(frame).to_string())
         print_failures(frame)
         print(f"\nrows: {rows_out} (bundled; run without --report to recover again)")
         return
     if not parts:
         sys.exit("no shard rows in data/; run without --report first")
-    report(parts, inputs, rows_out)
+    report(parts, inputs, rows_out, args.markdown)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--together", default="1,4,8", help="settings, comma-separated (the first is the reference)")
     parser.add_argument("--all", action="store_true", help="every held-out sample, each compared with its bundled row")
     parser.add_argument("--shard", default="0/1", help="i/n: every n-th record from the i-th (run n at once)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as docs/benchmarks.md shows it")
     args = parser.parse_args()
     if args.all:
         args.inputs, args.limit = sorted(DATA.glob("heldout-*.jsonl")), None
@@ -56,7 +57,7 @@ def main() -> None:
     rows = {(r["dataset"], r["id"]): r for path in DATA.glob("recover-heldout*.jsonl")
             for r in map(json.loads, path.read_text().splitlines())} if args.all else {}
     settings = [int(n) for n in args.together.split(",")]
-    print(f"{len(records)} records from {', '.join(p.name for p in args.inputs)}")
+    print(f"{len(records)} records from {', '.join(p.name for p in args.inputs)}" + (":\n" if args.markdown else ""))
     print("| together | wall s | CPU s | wall vs first | positions | passes | same ids as first | exact (= sampled) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     first = None

@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--sizes", default="1,8,32,128,384", help="positions per pass")
     ap.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (llama-cpp-python) on the same GGUF")
+    ap.add_argument("--markdown", action="store_true", help="print the tables of docs/benchmarks.md instead")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -73,6 +74,9 @@ def main() -> None:
             logits = head(net(input_ids=inputs[sizes[-1]]).last_hidden_state[0]).float()
         rows[dtype, "logp"] = torch.log_softmax(logits, dim=-1)
     model.to(torch.float32)
+    if args.markdown:
+        markdown(sizes, rows, args)
+        return
     print(f"positions per pass  {'float32 ms':>10}  {'bfloat16 ms':>11}")
     for i, n in enumerate(sizes):
         print(f"{n:>18}  {rows[torch.float32][i] * 1e3:>10.1f}  {rows[torch.bfloat16][i] * 1e3:>11.1f}")
@@ -88,6 +92,25 @@ def main() -> None:
           f"(over {sizes[-1]} positions)")
     if args.llama_cpp:
         llama_cpp_rows(str(local.tokenizer.source), sizes, inputs, rows[torch.float32, "logp"], args)
+
+
+def markdown(sizes: list[int], rows: dict, args) -> None:
+    """The tables of docs/benchmarks.md: ms per pass by positions, the fit, bfloat16's drift."""
+    import torch
+
+    print(f"SmolLM2-135M, {args.threads} torch thread(s), fastest of {args.repeat} runs a size.\n")
+    print("| positions per pass | float32 ms | bfloat16 ms |\n|---:|---:|---:|")
+    for i, n in enumerate(sizes):
+        print(f"| {n} | {rows[torch.float32][i] * 1e3:.1f} | {rows[torch.bfloat16][i] * 1e3:.1f} |")
+    print("\n| dtype | fixed ms a pass | ms a position | a pass costs as many positions as |\n|---|---:|---:|---:|")
+    for dtype in (torch.float32, torch.bfloat16):
+        fixed, per = fit(sizes, rows[dtype])
+        print(f"| {str(dtype).removeprefix('torch.')} | {fixed * 1e3:.1f} | {per * 1e3:.2f} | {fixed / per:.0f} |")
+    gap = (rows[torch.bfloat16, "logp"] - rows[torch.float32, "logp"]).abs()
+    top = rows[torch.float32, "logp"].argmax(-1)
+    picked = gap.gather(-1, top[:, None])
+    print(f"\nbfloat16 moves the most likely token's logprob by {picked.mean():.3f} nats on average "
+          f"(at most {picked.max():.3f}) over {sizes[-1]} positions.")
 
 
 def llama_cpp_rows(gguf: str, sizes: list[int], inputs: dict, torch_logp, args) -> None:

@@ -272,8 +272,8 @@ def test_bundled_recovery_rows_match_the_held_out_data(tokenizers, rows_name):
         # engine did, only as the model's error under recon's numbers (llama.cpp's differ: its --judge)
         assert row.exact or not row.canonical_exact or (rows_name == "recover-heldout-llamacpp" and row.failure == "model")
     assert not rows["failure"].eq("error").any()  # no search raised
-    # the README's two recovery tables are these rows' (recomputed by tests/test_recover.py's CI subset)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    # docs/benchmarks.md's two recovery tables are these rows' (recomputed by tests/test_recover.py's CI subset)
+    readme = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     table = recovery_table(rows)
     for name in (*names, "all"):
         r = {k: (int(v) if float(v).is_integer() else v) for k, v in table.loc[name].items()}
@@ -421,7 +421,7 @@ def test_cli_recover_refuses_a_negative_slack(tmp_path):
 
 def test_recovery_reproduces_held_out_rows(model, bound):
     """A CI-sized subset of benchmarks/recover_accuracy.py, recomputed and compared with the bundled
-    rows (data/recover-heldout.jsonl, what the README and notebook 03 show): the same exactness,
+    rows (data/recover-heldout.jsonl, what docs/benchmarks.md and notebook 03 show): the same exactness,
     confidence and failure kind, judged against the sampled ids as the data records them (copied
     into the subset file, the oracle); a failure must be the model's, never the search's."""
     import pandas as pd
