@@ -117,13 +117,19 @@ SCHEMA_TYPES = {
 }
 
 
-def arrow_schema():
-    """The audit rows' Arrow schema (so chunks written one after another agree on types)."""
+def arrow_schema(prompts: bool = False):
+    """The audit rows' Arrow schema (so chunks written one after another agree on types); with
+    ``prompts``, the prompt audit's columns too (:mod:`recon.prompts.audit`)."""
     import pyarrow as pa
+
+    from recon.prompts.audit import COLUMNS as PROMPT_COLUMNS
+    from recon.prompts.audit import SCHEMA_TYPES as PROMPT_TYPES
 
     kinds = {"int64": pa.int64(), "float64": pa.float64(), "list<string>": pa.list_(pa.string()),
              "list<int64>": pa.list_(pa.int64())}
-    return pa.schema([(c, kinds[SCHEMA_TYPES[c]] if c in SCHEMA_TYPES else pa.string()) for c in COLUMNS])
+    types = {**SCHEMA_TYPES, **PROMPT_TYPES}
+    columns = COLUMNS + (PROMPT_COLUMNS if prompts else [])
+    return pa.schema([(c, kinds[types[c]] if c in types else pa.string()) for c in columns])
 
 
 def audit_records(
@@ -134,12 +140,14 @@ def audit_records(
     mode: str = "auto",
     options: ParseOptions | None = None,
     keep_ids: bool = False,
+    prompts: Sequence[list[int] | None] | None = None,
 ) -> pd.DataFrame:
     """One row per record (see ``COLUMNS``); a record that fails is an ``error`` row, the rest go on.
-    ``keep_ids`` adds a ``recon_ids`` column with each full reconstruction."""
+    ``keep_ids`` adds a ``recon_ids`` column with each full reconstruction; ``prompts``: as for
+    :func:`audit_rows` (``[r.prompt_ids for r in records]`` lets the engine's prompts decide)."""
     import pandas as pd
 
-    rows = audit_rows(records, bound, method, mode=mode, options=options, keep_ids=keep_ids)
+    rows = audit_rows(records, bound, method, mode=mode, options=options, keep_ids=keep_ids, prompts=prompts)
     return pd.DataFrame(rows, columns=COLUMNS + (["recon_ids"] if keep_ids else []))
 
 
@@ -151,8 +159,27 @@ def audit_rows(
     mode: str = "auto",
     options: ParseOptions | None = None,
     keep_ids: bool = False,
+    prompts: Sequence[list[int] | None] | None = None,
 ) -> list[dict]:
-    """:func:`audit_records` as plain dicts (what the streaming engine writes and Dask ships)."""
+    """:func:`audit_records` as plain dicts (what the streaming engine writes and Dask ships).
+
+    ``prompts``, one per record (ids or None): where the profile has a ``reasoning_tag``, each
+    record's prompt decides whether its sampled ids begin with the tag
+    (:meth:`~recon.audit.profiles.Profile.after_prompt`); records are audited in groups of the
+    same grammar and their rows come back in input order."""
+    if prompts is not None and bound.profile.reasoning_tag:
+        groups: dict[int, tuple[BoundProfile, list[int]]] = {}
+        for k, prompt in enumerate(prompts):
+            variant = bound.after_prompt_ids(prompt)
+            groups.setdefault(id(variant), (variant, []))[1].append(k)
+        if len(groups) > 1 or next(iter(groups.values()), (bound,))[0] is not bound:
+            out: list[dict | None] = [None] * len(records)
+            for variant, members in groups.values():
+                part = audit_rows([records[k] for k in members], variant, method, mode=mode, options=options,
+                                  keep_ids=keep_ids)
+                for k, row in zip(members, part):
+                    out[k] = row
+            return out
     tok = bound.tok
     gaps, size = tok.gap_ids, tok.vocab_size
     rows: list[dict | None] = [None] * len(records)

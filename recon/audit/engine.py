@@ -24,7 +24,11 @@ from recon.audit.compare import arrow_schema, audit_rows
 from recon.audit.profiles import BoundProfile, ParseOptions, load_profile
 from recon.audit.tally import Tally
 from recon.errors import ReconError
-from recon.samples.export import Policy, TableWriter, check_policy, export_rows
+from recon.prompts.audit import counts as prompt_counts
+from recon.prompts.audit import prompts_audited
+from recon.prompts.render import PromptMaker
+from recon.prompts.template import ChatTemplate
+from recon.samples.export import Policy, TableWriter, check_policy, export_rows, trainer_rows
 from recon.samples.export import arrow_schema as export_schema
 from recon.samples.io import RecordError, bad_record_count, read_spans
 from recon.samples.records import Record, SeenIds, duplicate_error, iter_raw, parse_raw
@@ -86,11 +90,28 @@ def _bound(tokenizer: str, family: str | None, profile: str, encoder: str = "fas
     return load_profile(profile).bind(tok.prepare())  # before workers fork
 
 
+@dataclass(frozen=True)
+class Prompts:
+    """How a run finds each record's prompt: the chat template its requests are rendered with
+    (None: only the engine's ``prompt_ids`` count), and whether the prompt audit runs. Hashable
+    and picklable: it travels to the workers with the rest of a chunk's settings."""
+
+    template: ChatTemplate | None = None
+    audit: bool = True
+
+
+@lru_cache(maxsize=4)
+def _maker(tokenizer: str, family: str | None, profile: str, encoder: str, template: ChatTemplate | None) -> PromptMaker:
+    return PromptMaker(_bound(tokenizer, family, profile, encoder).tok, template)
+
+
 def audit_chunk(tokenizer: str, family: str | None, profile: str, method: str, mode: str,
-                options: ParseOptions | None, encoder: str, records: Sequence[Record], keep_ids: bool = False) -> list[dict]:
-    """Audit one chunk in whatever process runs this (the driver, or a worker)."""
+                options: ParseOptions | None, encoder: str, prompts_setup: Prompts | None, records: Sequence[Record],
+                keep_ids: bool = False, prompts: list | None = None) -> list[dict]:
+    """Audit one chunk in whatever process runs this (the driver, or a worker); ``prompts``: each
+    record's prompt ids, which decide where its sampled ids begin (see :func:`audit_rows`)."""
     bound = _bound(tokenizer, family, profile, encoder)
-    return audit_rows(records, bound, method, mode=mode, options=options, keep_ids=keep_ids)
+    return audit_rows(records, bound, method, mode=mode, options=options, keep_ids=keep_ids, prompts=prompts)
 
 
 @dataclass
@@ -107,6 +128,8 @@ class ChunkResult:
     #: (path, line, dataset, id, 64-bit key) of each record audited, for the reader to find
     #: duplicate ids (a raw chunk's)
     keys: list[tuple[str, int, str, str, int]] | None = None
+    #: (prompt source, status, cause, region) of each record, when prompts are audited
+    prompt_counts: list[tuple[str, str, str | None, str | None]] | None = None
 
 
 @contextmanager
@@ -140,15 +163,37 @@ def _audit_chunk_counted(args: tuple, output: str | None, chunk: "Sequence[Recor
     else:
         records = chunk
     exporting = output not in (None, "rows")
-    rows = audit_chunk(*args, records, keep_ids=exporting) if records else []
+    setup: Prompts | None = args[7]
+    prompts, prompt_rows = None, None
+    if setup is not None and records:
+        tokenizer, family, profile, _, _, _, encoder, _ = args
+        prompts, prompt_rows = prompts_audited(_maker(tokenizer, family, profile, encoder, setup.template), records,
+                                               audit=setup.audit)
+    rows = audit_chunk(*args, records, keep_ids=exporting,
+                       prompts=None if prompts is None else [p.ids for p in prompts]) if records else []
     table = None
     if output is not None:
         import pyarrow as pa
 
-        table = (pa.Table.from_pylist(export_rows(records, rows, output), schema=export_schema()) if exporting
-                 else pa.Table.from_pylist(rows, schema=arrow_schema()))
+        if exporting:
+            exported = export_rows(records, rows, output)
+            if _policy_format(output) == "table":
+                table = pa.Table.from_pylist(exported, schema=export_schema())
+            else:
+                table = pa.Table.from_pylist(trainer_rows(records, exported, prompts or [None] * len(records), output),
+                                             schema=export_schema(_policy_format(output)))
+        else:
+            if prompt_rows is not None:
+                for row, extra in zip(rows, prompt_rows):
+                    row.update(extra)
+            table = pa.Table.from_pylist(rows, schema=arrow_schema(prompts=prompt_rows is not None))
     counts = [(r["dataset"], r["status"], r["cause"]) for r in rows]
-    return ChunkResult(counts, table, errors, keys)
+    return ChunkResult(counts, table, errors, keys,
+                       None if prompt_rows is None else [prompt_counts(r) for r in prompt_rows])
+
+
+def _policy_format(policy) -> str:
+    return getattr(policy, "format", "table")
 
 
 @dataclass
@@ -210,6 +255,7 @@ def audit_stream(
     workers: int | None = None,
     progress: bool | None = None,
     encoder: str = "fast",
+    prompts: Prompts | None = None,
 ) -> AuditRun:
     """Audit chunks of records (or :class:`RawChunk` s, parsed where they are audited, their bad
     records in the run's ``errors``, duplicate ids too); write the audit rows to ``rows_path`` (Parquet), or the
@@ -220,35 +266,55 @@ def audit_stream(
     ``dask``: ``"local"`` (a LocalCluster on this machine) or a scheduler address; or pass a
     ``client``. Results are identical whichever runs them, and whichever ``encoder``
     (:data:`ENCODERS`) encodes.
+
+    ``prompts`` (:class:`Prompts`): find each record's prompt (the engine's ids, else its request
+    rendered with the template), let it decide where the sampled ids begin, and audit the engine's
+    prompt against the render; the rows gain the prompt-audit columns and the summary a
+    ``prompts`` part. An export in a trainer format (``policy.format``) needs it.
     """
     if rows_path is not None and export_path is not None:
         raise ReconError("write audit rows or an export, not both in one run")
     if export_path is not None:
         check_policy(policy)
     _bound(tokenizer, family, profile, encoder)  # loaded here, so forked workers start with it
+    if prompts is not None:
+        _maker(tokenizer, family, profile, encoder, prompts.template)
     tally, kept = Tally(), 0
     writer, output = None, None
     if rows_path is not None:
-        writer, output = TableWriter(rows_path, arrow_schema()), "rows"
+        writer, output = TableWriter(rows_path, arrow_schema(prompts=prompts is not None and prompts.audit)), "rows"
     elif export_path is not None:
-        writer, output = TableWriter(export_path, export_schema()), policy
+        schema = export_schema(_policy_format(policy))
+        if _policy_format(policy) != "table":
+            if prompts is None:
+                raise ReconError(f"an export in {_policy_format(policy)}'s format needs prompts (Prompts)")
+            schema = schema.remove(schema.get_field_index("drop")).remove(schema.get_field_index("keep"))
+        writer, output = TableWriter(export_path, schema), policy
+    drops: dict[str, int] = {}
     bar = _progress_bar(progress)
     own_client = client is None and dask is not None
     if own_client:
         client = _dask_client(dask)
-    args = (tokenizer, family, profile, method, mode, options, encoder)
+    args = (tokenizer, family, profile, method, mode, options, encoder, prompts)
     errors: list[RecordError] = []
     seen: dict[str, SeenIds] = {}
     try:
         for result in _chunks_audited(iter(chunks), args, output, client, workers):
-            counts, table = _drop_duplicates(result, seen, errors)
+            counts, table, prompted = _drop_duplicates(result, seen, errors)
             tally.add_counts(counts)
+            if prompted is not None:
+                tally.add_prompt_counts(prompted)
             if writer is not None:
-                writer.write(table)
                 if export_path is not None:
                     import pyarrow.compute as pc
 
                     kept += pc.sum(table["keep"]).as_py() or 0
+                    if "drop" in table.column_names:  # a trainer's rows: only the kept ones are written
+                        for why in table["drop"].to_pylist():
+                            if why is not None:
+                                drops[why] = drops.get(why, 0) + 1
+                        table = table.filter(table["keep"]).drop_columns(["keep", "drop"])
+                writer.write(table)
             bar.update(len(counts))
             del table, result
     finally:
@@ -260,7 +326,12 @@ def audit_stream(
             client.close()
             if cluster is not None:
                 cluster.close()
-    return AuditRun(tally.summary(), errors, writer.path if writer is not None else None,
+    summary = tally.summary()
+    if prompts is not None and prompts.audit:
+        summary["prompts"] = tally.prompt_summary()
+    if export_path is not None and _policy_format(policy) != "table":
+        summary["export"] = {"format": _policy_format(policy), "rows": kept, "dropped": dict(sorted(drops.items()))}
+    return AuditRun(summary, errors, writer.path if writer is not None else None,
                     kept if export_path is not None else None)
 
 
@@ -286,7 +357,7 @@ def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list
     """A chunk's counts and table without the records whose (dataset, id) an earlier line of the
     same file had; those, and the chunk's bad records, go to ``errors`` in line order."""
     found = list(result.errors)
-    counts, table = result.counts, result.table
+    counts, table, prompted = result.counts, result.table, result.prompt_counts
     if result.keys is not None:
         keep = []
         for path in dict.fromkeys(key[0] for key in result.keys):  # a chunk may span files: each has its own ids
@@ -300,13 +371,15 @@ def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list
             found += [duplicate_error(path, line, dataset, rid)
                       for (path, line, dataset, rid, _), ok in zip(result.keys, keep) if not ok]
             counts = [c for c, ok in zip(counts, keep) if ok]
+            if prompted is not None:
+                prompted = [c for c, ok in zip(prompted, keep) if ok]
             if table is not None:
                 import pyarrow as pa
 
                 table = table.filter(pa.array(keep))
     order = {path: k for k, path in enumerate(dict.fromkeys(e.path for e in found))}
     errors += sorted(found, key=lambda e: (order[e.path], e.line))
-    return counts, table
+    return counts, table, prompted
 
 
 def _chunks_audited(chunks: Iterator[list[Record]], args: tuple, output: str | None, client, workers: int | None):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
@@ -43,6 +43,8 @@ class Profile:
     call_separator: str = ""
     content_tools_separator: str = ""
     arguments: str = "text"
+    #: the tag that opens reasoning, which either the template's generation prompt or the model writes
+    reasoning_tag: str | None = None
 
     @property
     def has_reasoning(self) -> bool:
@@ -60,6 +62,34 @@ class Profile:
             if template:
                 parts += PLACEHOLDER.split(template)[::2]
         return [p for p in parts if p]
+
+    def after_prompt(self, prompt: str) -> "Profile":
+        """This grammar for an output that follows ``prompt`` (its text, or its last few tokens').
+
+        Whether the sampled ids start with the reasoning tag depends on the template, not the
+        model family: Kimi-K2.5's generation prompt ends with ``<think>`` (the model samples the
+        reasoning text straight away), Kimi-K2-Thinking's ends with ``<|im_middle|>`` (the model
+        samples ``<think>`` itself), and DeepSeek-V3.1's or Qwen3's with thinking off end with
+        ``</think>`` (the model samples no reasoning at all). So the prompt decides:
+
+        * it ends with the opening, the tag at least (``<think>``, or Qwen3's ``<think>\n``):
+          what is left of the opening is sampled (often nothing);
+        * it ends with the closing tag: reasoning was switched off, and the grammar has none;
+        * otherwise the model samples the whole opening, tag included.
+
+        A profile without ``reasoning_tag`` keeps its declared ``reasoning_open`` whatever the prompt."""
+        tag = self.reasoning_tag
+        if not self.has_reasoning or not tag:
+            return self
+        opening = self.reasoning_open or ""
+        full = opening if opening.startswith(tag) else tag + opening
+        for k in range(len(full), len(tag) - 1, -1):
+            if prompt.endswith(full[:k]):
+                return self if full[k:] == opening else replace(self, reasoning_open=full[k:])
+        close = (self.reasoning_close or "").strip()
+        if close and prompt.rstrip().endswith(close):
+            return replace(self, reasoning_open=None, reasoning_close=None, unclosed="content")
+        return self if full == opening else replace(self, reasoning_open=full)
 
     def bind(self, tok: Tokenizer) -> "BoundProfile":
         """This profile on ``tok``: every added token its strings contain, found by text."""
@@ -190,6 +220,25 @@ class BoundProfile:
         self.profile, self.tok, self.special_ids = profile, tok, special_ids
         self.end_id = special_ids.get(profile.end)
         self._grammars: dict[type, _Grammar] = {}
+        self._after: dict[str, BoundProfile] = {}
+
+    #: how many of a prompt's last tokens :meth:`after_prompt_ids` reads (the longest opening a
+    #: template writes, ``<think>\n\n</think>\n\n``, is a few tokens)
+    PROMPT_TAIL = 8
+
+    def after_prompt_ids(self, prompt_ids: list[int] | None) -> "BoundProfile":
+        """This bound profile, or its variant for outputs after ``prompt_ids``
+        (:meth:`Profile.after_prompt`); None (no prompt known) keeps the declared grammar."""
+        if not prompt_ids or not self.profile.reasoning_tag:
+            return self
+        tail = self.tok.ids_bytes(prompt_ids[-self.PROMPT_TAIL:]).decode("utf-8", "replace")
+        variant = self.profile.after_prompt(tail)
+        if variant is self.profile:
+            return self
+        key = f"{variant.reasoning_open!r}/{variant.reasoning_close!r}"
+        if key not in self._after:
+            self._after[key] = variant.bind(self.tok)
+        return self._after[key]
 
     @cached_property
     def _special_split(self) -> re.Pattern | None:

@@ -18,6 +18,33 @@ class Tally:
 
     def __init__(self) -> None:
         self.by_dataset: dict[str, Counter] = {}
+        self.prompts: Counter = Counter()
+
+    def add_prompt_counts(self, counts: Iterable[tuple[str, str, str | None, str | None]]) -> "Tally":
+        """Count each record's prompt audit: (prompt source, status, cause, region)."""
+        for source, status, cause, region in counts:
+            self.prompts["source:" + source] += 1
+            self.prompts["status:" + status] += 1
+            if status == "diverged":
+                self.prompts["cause:" + str(cause)] += 1
+                self.prompts["region:" + str(region)] += 1
+        return self
+
+    def prompt_summary(self) -> dict[str, Any]:
+        """The prompt audit's counts: where each record's prompt ids come from (``by_source``:
+        the engine's, rendered from the request, none), and of the records with both the
+        engine's ids and a request to render, how many agree (``exact``) and how many don't
+        (``diverged``, by cause and by region)."""
+        c = self.prompts
+
+        def part(prefix: str) -> dict[str, int]:
+            return {k[len(prefix):]: n for k, n in sorted(c.items()) if k.startswith(prefix) and n}
+
+        statuses = part("status:")
+        audited = statuses.get("exact", 0) + statuses.get("diverged", 0)
+        return {"records": sum(statuses.values()), "by_source": part("source:"), "by_status": statuses,
+                "audited": audited, "exact": statuses.get("exact", 0), "diverged": statuses.get("diverged", 0),
+                "by_cause": part("cause:"), "by_region": part("region:")}
 
     def add(self, rows: "pd.DataFrame | Iterable[Mapping]") -> "Tally":
         """Count audit rows (a DataFrame, or the dicts :func:`recon.audit.audit_rows` returns)."""
@@ -38,6 +65,7 @@ class Tally:
         """Add another tally's counts (a chunk counted elsewhere)."""
         for dataset, counter in other.by_dataset.items():
             self.by_dataset.setdefault(dataset, Counter()).update(counter)
+        self.prompts.update(other.prompts)
         return self
 
     @staticmethod

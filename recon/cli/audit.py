@@ -14,6 +14,7 @@ from recon.cli.options import (
     _engine_options,
     _parse_options,
     _print_errors,
+    _prompts,
 )
 from recon.errors import CheckFailed, ReconError
 from recon.samples.io import bad_record_count
@@ -63,12 +64,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from recon.audit.engine import audit_files
 
     out = Path(args.out) if args.out else None
+    prompts = None if args.no_prompt_audit else _prompts(args)
     with tempfile.TemporaryDirectory(prefix="recon-check-") as scratch:
         rows = out / "samples.parquet" if out else (Path(scratch) / "fast.parquet" if args.check else None)
         def audit(encoder: str, rows_path: Path | None):
             return audit_files(
                 args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
-                mode=args.mode, options=_parse_options(args), rows_path=rows_path, dask=args.dask,
+                mode=args.mode, options=_parse_options(args), rows_path=rows_path, dask=args.dask, prompts=prompts,
                 **{**_engine_options(args), "encoder": encoder},
             )
         run = audit(args.encoder, rows)
@@ -87,11 +89,24 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(json.dumps(summary, ensure_ascii=False))
     else:
         _print_summary(summary)
+        if "prompts" in summary:
+            _print_prompts(summary["prompts"])
         if args.check:
             print(f"check: all {summary['check']['rows']} rows identical with --encoder {args.encoder} and {args.check}")
         if out:
             print(f"per-sample results: {out / 'samples.parquet'}; summary: {out / 'summary.json'}")
     return 0
+
+
+def _print_prompts(p: dict) -> None:
+    sources = ", ".join(f"{k} {n}" for k, n in p["by_source"].items()) or "-"
+    line = f"prompts: {p['records']} records ({sources})"
+    if p["audited"]:
+        causes = ", ".join(f"{k} {n}" for k, n in p["by_cause"].items())
+        line += f"; engine vs rendered: {p['exact']} exact, {p['diverged']} diverged" + (f" ({causes})" if causes else "")
+    if p["by_status"].get("error"):
+        line += f"; {p['by_status']['error']} could not be rendered"
+    print(line)
 
 
 def same_rows(a: Path, b: Path, a_name: str, b_name: str) -> int:
@@ -138,14 +153,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     from recon.audit.engine import audit_files
     from recon.samples.export import Policy
 
+    trainer = args.format != "table"
+    if trainer and Path(args.out).suffix == ".parquet" and args.format == "specforge":
+        raise ReconError(f"{args.out}: SpecForge reads prompts_path as JSONL; name the output .jsonl")
     run = audit_files(
         args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
         mode=args.mode, options=_parse_options(args), export_path=args.out,
-        policy=Policy(args.policy, args.min_confidence), **_engine_options(args),
+        policy=Policy(args.policy, args.min_confidence, args.format, args.max_length, args.min_loss_tokens),
+        prompts=_prompts(args, audit=False), **_engine_options(args),
     )
     _print_errors(run.errors)
     n = run.summary["samples"]
-    print(f"wrote {n} samples to {run.rows_path}: {run.kept} kept under policy {args.policy}, {n - run.kept} not")
+    if not trainer:
+        print(f"wrote {n} samples to {run.rows_path}: {run.kept} kept under policy {args.policy}, {n - run.kept} not")
+        return 0
+    dropped = run.summary["export"]["dropped"]
+    why = "".join(f", {k} {v}" for k, v in dropped.items())
+    print(f"wrote {run.kept} {args.format} rows to {run.rows_path} from {n} samples: "
+          f"{n - run.kept - sum(dropped.values())} dropped under policy {args.policy}{why}")
     return 0
 
 
@@ -165,6 +190,8 @@ def add_audit(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_engine_arguments(p)
     p.add_argument("--dask", metavar="ADDRESS", help="run on a Dask cluster: 'local' (LocalCluster) or tcp://scheduler:8786")
+    p.add_argument("--no-prompt-audit", action="store_true",
+                   help="skip the prompt audit (the engine's prompt_ids against the rendered request)")
     p.add_argument("--check", choices=["native", "fast"],
                    help="audit again with this encoder and fail unless every row is identical (native: the tokenizer's "
                         "own encoder checks recon's fast paths)")
@@ -178,6 +205,12 @@ def add_export(sub) -> None:
                    help="recover: exact samples, plus samples whose ids `recon recover` recovered confidently")
     p.add_argument("--min-confidence", type=float, default=0.9, metavar="P",
                    help="recover: least recovery confidence to keep a sample (default 0.9)")
+    p.add_argument("--format", default="table", choices=["table", "speculators", "specforge"],
+                   help="table: ids, status, cause and keep per sample; speculators / specforge: one row per kept "
+                        "generation, input_ids = prompt + sampled ids, loss_mask 1 on exactly the sampled ids")
+    p.add_argument("--max-length", type=int, metavar="N", help="trainer formats: cut rows to N tokens, as the trainer would")
+    p.add_argument("--min-loss-tokens", type=int, default=1, metavar="N",
+                   help="trainer formats: drop rows with fewer sampled tokens than this (after --max-length; default 1)")
     p.add_argument("--out", required=True, help=".parquet or .jsonl")
     _add_engine_arguments(p)
     p.set_defaults(func=cmd_export, quick_exit=True)

@@ -55,6 +55,21 @@ def _add_audit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="auto", choices=["auto", "roundtrip", "paired", "reconstruct-only"],
                    help="auto: paired when a record has output_ids and a response, roundtrip with ids only")
     _add_parse_options(p)
+    g = p.add_argument_group("prompts (the engine's prompt_ids, else the record's messages rendered by the chat template)")
+    g.add_argument("--chat-template", metavar="FILE",
+                   help="the chat template (.jinja, or JSON with a chat_template key); default: the tokenizer's own "
+                        "(chat_template.jinja, tokenizer_config.json or the GGUF)")
+    g.add_argument("--template-name", metavar="NAME", help="which of several named templates (default: tool_use when "
+                                                           "records declare tools... as transformers picks; else default)")
+
+
+def _prompts(args: argparse.Namespace, *, audit: bool = True):
+    """The run's prompt setting: the chat template found for ``--tokenizer`` (or given)."""
+    from recon.audit.engine import Prompts
+    from recon.prompts.sources import find_chat_template
+
+    template = find_chat_template(args.tokenizer, chat_template=args.chat_template, name=args.template_name)
+    return Prompts(template, audit)
 
 
 def _print_errors(errors, limit: int = 50) -> None:

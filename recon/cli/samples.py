@@ -32,7 +32,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         if name in sampler and not ok(sampler[name]):
             raise ReconError(f"--{name.replace('_', '-')} {sampler[name]}: out of range (temperature > 0, 0 < top-p <= 1, "
                              "top-k >= 0, 0 <= min-p <= 1)")
-    result = import_file(args.kind, args.inputs, args.out, dataset=args.dataset, meta=sampler)
+    result = import_file(args.kind, args.inputs, args.out, dataset=args.dataset, meta=sampler,
+                         requests=args.requests or ())
     _print_errors(result.errors)
     print(f"wrote {result.records} records to {args.out}; {bad_record_count(result.errors)} bad input lines")
     return 0 if result.records else 2
@@ -65,6 +66,9 @@ def add_import(sub) -> None:
     p.add_argument("inputs", nargs="+", help="JSONL files, one server response a line")
     p.add_argument("--out", required=True)
     p.add_argument("--dataset", help="dataset name (default: the input file's stem)")
+    p.add_argument("--requests", nargs="+", metavar="FILE",
+                   help="the requests that produced the responses (OpenAI Batch input, joined by custom_id; or "
+                        "{id, request} lines): each record keeps their messages, tools and chat_template_kwargs")
     g = p.add_argument_group("the sampler the requests asked for (kept in meta: recon recover scores under it)")
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)

@@ -35,13 +35,25 @@ KEEP = {
 MIN_CONFIDENCE = 0.9
 
 
+#: what an export writes: ``table`` (one row per sample: ids, status, cause, keep) or a trainer's
+#: pre-tokenized rows (one row per kept generation: ``input_ids`` = prompt + sampled ids,
+#: ``loss_mask`` 0 on the prompt and 1 on the sampled ids): vLLM speculators'
+#: ``prepare_data`` pass-through and SpecForge's ``data.prompts_path`` read the same two columns
+FORMATS = ("table", "speculators", "specforge")
+
+
 @dataclass(frozen=True)
 class Policy:
     """A policy with its setting (a plain name means the default setting); picklable, so it
-    travels to the audit engine's workers like the name does."""
+    travels to the audit engine's workers like the name does. ``format``: :data:`FORMATS`;
+    ``max_length`` and ``min_loss_tokens``: what the trainer will cut and drop, done here so the
+    export counts it (``None``: no cut)."""
 
     name: str
     min_confidence: float = MIN_CONFIDENCE
+    format: str = "table"
+    max_length: int | None = None
+    min_loss_tokens: int = 1
 
 
 def _policy(policy: "str | Policy") -> Policy:
@@ -68,6 +80,12 @@ def check_policy(policy: "str | Policy") -> None:
         raise ReconError(f"unknown policy {policy.name!r}; choose one of {', '.join(POLICIES)}")
     if not 0.0 <= policy.min_confidence <= 1.0:
         raise ReconError(f"min confidence {policy.min_confidence}: expected a number from 0 to 1")
+    if policy.format not in FORMATS:
+        raise ReconError(f"unknown export format {policy.format!r}; choose one of {', '.join(FORMATS)}")
+    if policy.max_length is not None and policy.max_length < 1:
+        raise ReconError(f"max length {policy.max_length}: expected a positive number of tokens")
+    if policy.min_loss_tokens < 0:
+        raise ReconError(f"min loss tokens {policy.min_loss_tokens}: expected 0 or more")
 
 
 def export_rows(records: Sequence[Record], rows: Iterable[Mapping], policy: "str | Policy") -> list[dict]:
@@ -107,9 +125,59 @@ def export_table(records: Sequence[Record], audited: pd.DataFrame, policy: "str 
     return pd.DataFrame(export_rows(records, audited.to_dict("records"), policy), columns=COLUMNS)
 
 
-def arrow_schema():
+#: the trainer rows' columns: the two a trainer reads, then what says where they came from
+TRAINER_COLUMNS = ["id", "input_ids", "loss_mask", "dataset", "prompt_source", "ids_source", "status", "cause",
+                   "prompt_tokens", "sampled_tokens", "truncated"]
+#: why a sample that the policy keeps gets no trainer row
+DROPS = ("no_prompt", "too_few_loss_tokens")
+
+
+def trainer_rows(records: Sequence[Record], exported: Sequence[Mapping], prompts: Sequence, policy: "str | Policy") -> list[dict]:
+    """One trainer row per record (:data:`TRAINER_COLUMNS`, plus ``keep`` and ``drop``: the
+    writer keeps only rows with ``keep``): ``input_ids`` = the prompt's ids, then the sampled ids
+    the policy chose (ground truth, recovered or reconstructed, the stop token included as
+    sampled), ``loss_mask`` 0 on the prompt and 1 on exactly the sampled ids. ``prompts``: each
+    record's prompt (``.ids``, ``.source``; :class:`recon.prompts.render.Prompt`), or None.
+
+    A sample the policy drops gets no row, and neither does one without a prompt (a trainer
+    shown sampled ids without what preceded them learns the wrong thing) nor one whose loss
+    tokens fall below ``min_loss_tokens`` once cut to ``max_length``; ``drop`` says which."""
+    policy = _policy(policy)
+    out = []
+    for rec, row, prompt in zip(records, exported, prompts):
+        ids = row["ids"]
+        prompt_ids = getattr(prompt, "ids", None)
+        keep, drop = bool(row["keep"]), None
+        input_ids = mask = None
+        truncated = False
+        if keep and prompt_ids is None:
+            keep, drop = False, "no_prompt"
+        if keep:
+            input_ids = list(prompt_ids) + list(ids)
+            mask = [0] * len(prompt_ids) + [1] * len(ids)
+            if policy.max_length is not None and len(input_ids) > policy.max_length:
+                input_ids, mask, truncated = input_ids[: policy.max_length], mask[: policy.max_length], True
+            if sum(mask) < policy.min_loss_tokens:
+                keep, drop = False, "too_few_loss_tokens"
+        out.append({"id": row["id"], "input_ids": input_ids, "loss_mask": mask, "dataset": row["dataset"],
+                    "prompt_source": getattr(prompt, "source", "none"), "ids_source": row["ids_source"],
+                    "status": row["status"], "cause": row["cause"] or "",
+                    "prompt_tokens": None if prompt_ids is None else len(prompt_ids),
+                    "sampled_tokens": None if ids is None else len(ids), "truncated": truncated,
+                    "keep": keep, "drop": drop})
+    return out
+
+
+def arrow_schema(format: str = "table"):  # noqa: A002 - the export's own word
+    """The rows' Arrow schema for an export ``format`` (:data:`FORMATS`), as a chunk carries them."""
     import pyarrow as pa
 
+    if format != "table":
+        return pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
+                          ("dataset", pa.string()), ("prompt_source", pa.string()), ("ids_source", pa.string()),
+                          ("status", pa.string()), ("cause", pa.string()), ("prompt_tokens", pa.int64()),
+                          ("sampled_tokens", pa.int64()), ("truncated", pa.bool_()), ("keep", pa.bool_()),
+                          ("drop", pa.string())])
     return pa.schema([("id", pa.string()), ("dataset", pa.string()), ("ids", pa.list_(pa.int64())),
                       ("ids_source", pa.string()), ("status", pa.string()), ("cause", pa.string()),
                       ("causes", pa.list_(pa.string())), ("keep", pa.bool_())])

@@ -12,7 +12,10 @@
 
 Each input line is one server response (a JSON object, or a JSON array of them for batched
 SGLang calls), optionally wrapped as ``{"id": ..., "response": <server response>,
-"messages": ...}``; streamed ``chat.completion.chunk`` lines are joined per ``id``. Rendering
+"messages": ..., "tools": ..., "chat_template_kwargs": ...}`` or ``{"id": ..., "request": <the
+request sent>, "response": ...}`` (the record keeps the request's messages, tools and template
+switches: what its prompt is rendered from); OpenAI Batch input files join their output by
+``custom_id`` (:func:`read_requests`); streamed ``chat.completion.chunk`` lines are joined per ``id``. Rendering
 records back into each server's shape is :mod:`recon.samples.render`.
 The shapes each engine documents are in ``tests/data/importers/SOURCES.md``.
 """
@@ -38,13 +41,34 @@ from recon.samples.records import (
 TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 
 
+#: what a record keeps of the request that produced it: the fields its chat template rendered the
+#: prompt from, under the names the OpenAI / vLLM / SGLang chat request gives them
+REQUEST_FIELDS = ("messages", "tools", "chat_template_kwargs")
+
+
+def request_fields(request: Any) -> dict:
+    """The record fields a chat request carries (:data:`REQUEST_FIELDS`): a request body, or an
+    OpenAI Batch input line (``{"custom_id", "body": {...}}``). SGLang and vLLM also take the
+    template switches inside ``extra_body`` when a client sends them that way."""
+    if not isinstance(request, dict):
+        raise ValueError(f"request: expected an object, got {type(request).__name__}")
+    body = request.get("body") if isinstance(request.get("body"), dict) else request
+    found = {k: body[k] for k in REQUEST_FIELDS if body.get(k) is not None}
+    extra = body.get("extra_body")
+    if "chat_template_kwargs" not in found and isinstance(extra, dict) and extra.get("chat_template_kwargs") is not None:
+        found["chat_template_kwargs"] = extra["chat_template_kwargs"]
+    return found
+
+
 def _unwrap(obj: dict) -> tuple[Any, dict, dict]:
     """(record id or None, the server response, extra record fields) for one input object."""
     if "custom_id" in obj or (isinstance(obj.get("response"), dict) and isinstance(obj["response"].get("body"), dict)):
         body = obj["response"].get("body") if isinstance(obj.get("response"), dict) else None  # OpenAI Batch output
         return obj.get("custom_id") or obj.get("id"), body if isinstance(body, dict) else {"error": obj.get("error") or "no response body"}, {}
     if isinstance(obj.get("response"), dict) and ("choices" in obj["response"] or "meta_info" in obj["response"]):
-        extra = {k: obj[k] for k in ("messages", "meta", "dataset", "prompt_ids") if k in obj}
+        extra = {k: obj[k] for k in ("meta", "dataset", "prompt_ids", *REQUEST_FIELDS) if k in obj}
+        if obj.get("request") is not None:  # {"request": <what was sent>, "response": <what came back>}
+            extra = {**request_fields(obj["request"]), **extra}
         return obj.get("id"), obj["response"], extra
     return None, obj, {}
 
@@ -254,8 +278,10 @@ def _bad(path: Path, line: int, e: ValueError) -> RecordError:
     return RecordError(str(path), line, field_name, problem or str(e))
 
 
-def iter_import(kind: str, path: str | Path, *, dataset: str | None = None, vocab_size: int | None = None) -> Iterator[Record | RecordError]:
-    """Records from a file of ``kind`` server responses; bad lines come out as RecordError."""
+def iter_import(kind: str, path: str | Path, *, dataset: str | None = None, vocab_size: int | None = None,
+                requests: dict[str, dict] | None = None) -> Iterator[Record | RecordError]:
+    """Records from a file of ``kind`` server responses; bad lines come out as RecordError.
+    ``requests`` (:func:`read_requests`): the request fields of each response by its id, joined in."""
     if kind not in IMPORTERS:
         raise ReconError(f"unknown importer {kind!r}; choose one of {', '.join(IMPORTERS)}")
     path = Path(path)
@@ -296,7 +322,13 @@ def iter_import(kind: str, path: str | Path, *, dataset: str | None = None, voca
             if not isinstance(item, dict):
                 yield RecordError(str(path), line, "", "expected a server response object")
                 continue
-            rid, response, extra = _unwrap(item)
+            try:
+                rid, response, extra = _unwrap(item)
+            except ValueError as e:
+                yield _bad(path, line, e)
+                continue
+            if requests is not None:
+                extra = {**requests.get(str(rid if rid is not None else response.get("id")), {}), **extra}
             if not _is_chunk(response):
                 yield from records(line, rid, response, extra)
                 continue
@@ -320,15 +352,45 @@ class ImportResult:
     errors: list[RecordError] = field(default_factory=list)
 
 
+def read_requests(paths: Iterable[str | Path], errors: list[RecordError]) -> dict[str, dict]:
+    """The requests that produced a file of responses, by id: OpenAI Batch input lines
+    (``{"custom_id", "method", "url", "body": {...}}``, joined to the Batch output by
+    ``custom_id``) or ``{"id": ..., "request": {...}}`` / ``{"id": ..., "messages": ...}`` lines.
+    Bad lines go to ``errors``; a repeated id is one too (which request produced the response?)."""
+    found: dict[str, dict] = {}
+    for path in paths:
+        for line, obj in iter_json_lines(Path(path)):
+            if isinstance(obj, RecordError):
+                errors.append(obj)
+                continue
+            rid = obj.get("custom_id", obj.get("id")) if isinstance(obj, dict) else None
+            if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+                errors.append(RecordError(str(path), line, "custom_id", "missing: a request line needs custom_id or id"))
+                continue
+            try:
+                fields = request_fields(obj.get("request", obj))
+            except ValueError as e:
+                errors.append(_bad(Path(path), line, e))
+                continue
+            if str(rid) in found:
+                errors.append(RecordError(str(path), line, "custom_id", f"duplicate request id {rid!r}"))
+                continue
+            found[str(rid)] = fields
+    return found
+
+
 def import_file(kind: str, inputs: Iterable[str | Path], out: str | Path, *, dataset: str | None = None,
-                meta: dict | None = None) -> ImportResult:
+                meta: dict | None = None, requests: Iterable[str | Path] = ()) -> ImportResult:
     """Every good response of ``inputs`` as a record in ``out``. ``meta`` goes into each record's
     meta: what the responses do not say and recovery needs, the sampler the requests asked for
-    (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``sampler_order``, ``engine``)."""
+    (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``sampler_order``, ``engine``).
+    ``requests``: files of the requests that produced them (:func:`read_requests`), whose
+    messages, tools and template switches each record keeps."""
     result = ImportResult()
     good: list[Record] = []
+    joined = read_requests(requests, result.errors) if requests else None
     for path in inputs:
-        for item in iter_import(kind, path, dataset=dataset):
+        for item in iter_import(kind, path, dataset=dataset, requests=joined):
             if isinstance(item, RecordError):
                 result.errors.append(item)
             else:
@@ -374,6 +436,8 @@ def pair_files(ground_truth: str | Path, api: str | Path, out: str | Path) -> Pa
             errors.append(RecordError(*answer.origin, "response", f"record {rid!r} has no response to pair"))
             continue
         paired.append(Record(rid, gt.dataset, gt.output_ids, answer.response, gt.prompt_ids or answer.prompt_ids,
-                             gt.messages or answer.messages, {**answer.meta, **gt.meta}))
+                             gt.messages or answer.messages, {**answer.meta, **gt.meta},
+                             gt.tools if gt.tools is not None else answer.tools,
+                             gt.chat_template_kwargs if gt.chat_template_kwargs is not None else answer.chat_template_kwargs))
     write_records(paired, out)
     return PairResult(len(paired), sorted(set(truth) - set(answers)), sorted(set(answers) - set(truth)), errors)

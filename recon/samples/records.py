@@ -12,8 +12,10 @@
                         "function": {"name": str, "arguments": str}}]|null,
         "finish_reason": str|null,
         "logprobs": {"content": [{"token": str, "bytes": [int]|null, "token_id": int|null}]}|null},
-     "prompt_ids": [int],             # optional
-     "messages": [...],               # optional
+     "prompt_ids": [int],             # optional: the prompt as the engine saw it
+     "messages": [...],               # optional: the request's chat messages
+     "tools": [...],                  # optional: the request's tool schemas (OpenAI function tools)
+     "chat_template_kwargs": {},      # optional: the request's template switches (enable_thinking, ...)
      "meta": {}}                      # optional, carried through
 
 At least one of ``output_ids`` / ``response``. Reading streams; every problem is reported with
@@ -94,6 +96,10 @@ class Record:
     prompt_ids: list[int] | None = None
     messages: list | None = None
     meta: dict = field(default_factory=dict)
+    #: the request's tools and chat-template switches, named as in the OpenAI / vLLM / SGLang
+    #: request: what the chat template rendered the prompt with besides ``messages``
+    tools: list | None = None
+    chat_template_kwargs: dict | None = None
     #: where the record was read from (file, line); not part of the format
     origin: tuple[str, int] | None = field(default=None, compare=False, repr=False)
     #: every id of ``output_ids`` was checked to be below this when read (so a reader that knows
@@ -110,6 +116,10 @@ class Record:
             out["prompt_ids"] = self.prompt_ids
         if self.messages is not None:
             out["messages"] = self.messages
+        if self.tools is not None:
+            out["tools"] = self.tools
+        if self.chat_template_kwargs is not None:
+            out["chat_template_kwargs"] = self.chat_template_kwargs
         if self.meta:
             out["meta"] = self.meta
         return out
@@ -235,15 +245,36 @@ def parse_record(obj: dict, *, path: str, line: int, default_dataset: str, vocab
         p.add("response", "empty: no content, reasoning or tool calls, and no output_ids")
     prompt_ids = _ids(obj["prompt_ids"], "prompt_ids", vocab_size, p, allow_empty=True) if obj.get("prompt_ids") is not None else None
     messages = obj.get("messages")
-    if messages is not None and not isinstance(messages, list):
-        p.add("messages", "expected a list")
+    if messages is not None:
+        _messages(messages, p)
+    tools = obj.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        p.add("tools", "expected a list of tool objects")
+    kwargs = obj.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        p.add("chat_template_kwargs", f"expected an object, got {type(kwargs).__name__}")
     meta = obj.get("meta") or {}
     if not isinstance(meta, dict):
         p.add("meta", "expected an object")
     if p.items:
         return p.items
-    return Record(rid, dataset, output_ids, response, prompt_ids, messages, meta,
+    return Record(rid, dataset, output_ids, response, prompt_ids, messages, meta, tools, kwargs,
                   ids_below=vocab_size if output_ids is not None else None)
+
+
+def _messages(messages: Any, p: _Problems) -> None:
+    """Chat messages as a template reads them: objects with a string ``role``. Content is the
+    template's business (a string, a list of parts, or null with tool calls)."""
+    if not isinstance(messages, list):
+        p.add("messages", "expected a list")
+        return
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict):
+            p.add(f"messages[{k}]", f"expected an object, got {type(m).__name__}")
+            return
+        if not isinstance(m.get("role"), str):
+            p.add(f"messages[{k}].role", "missing or not a string")
+            return
 
 
 # -- reading ----------------------------------------------------------------------------------------
