@@ -300,7 +300,7 @@ def test_stats_report_exact_and_mismatch_counts(report_pages, oracle):
     report = report_pages["03_mismatch_stats"]
     shown = status_rows(report)
     assert {k: v[:2] for k, v in shown.items()} == expected_status(oracle, ["smollm2-t0.7", "smollm2-t1.3"])
-    assert shown["all"][:2] == (171, 149)  # the numbers the README and tests/test_notebooks.py quote
+    assert shown["all"][:2] == (171, 149)  # the numbers docs/audit.md and tests/test_notebooks.py quote
     for exact, mismatch, rate in shown.values():
         assert rate == pytest.approx(exact / (exact + mismatch), abs=5e-4)
     # the first-cause table (the first one by cause) gives every mismatching sample one cause, per dataset

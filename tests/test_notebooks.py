@@ -73,7 +73,7 @@ def test_report_runs_every_params_file(tmp_path, kimi_dir):
     compared = read_records(tmp_path / "smollm2" / "03_mismatch_stats.ipynb")
     assert compared["summary"]["exact"] == 171 and compared["summary"]["mismatched"] == 149
     assert compared["method_comparison"]["logprobs"] == {"smollm2-t0.7": 1.0, "smollm2-t1.3": 1.0}
-    # the recovery section: the README's table, from the bundled held-out rows
+    # the recovery section: docs/benchmarks.md's table, from the bundled held-out rows
     recovery = compared["recovery"]
     assert (recovery["all"]["non-canonical"], recovery["all"]["recovered exactly"], recovery["all"]["exact made wrong"]) == (129, 66, 0)
     assert recovery["heldout-t0.7"]["recovered exactly"] == 6 and recovery["heldout-t1.3"]["recovered exactly"] == 60
