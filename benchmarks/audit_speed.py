@@ -44,7 +44,7 @@ num_threads=2)). --baseline DIR also times `recon audit` run from another checko
     python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 100000 --cold-memory 10000,1000000
     python benchmarks/audit_speed.py --samples 0 --memory-samples '' --tokenizer kimi --cold-memory 10000,1000000
     python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer kimi --baseline /tmp/head
-    python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer all   # the README table
+    python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer all   # docs/benchmarks.md's table
 """
 
 from __future__ import annotations
@@ -359,7 +359,7 @@ def print_cold(r: dict) -> None:
     assert r["naive_exact"] == head_exact, (r["naive_exact"], head_exact)  # the naive loop counts what the floor counts
 
 
-#: the tokenizers of `--tokenizer all`, in the README table's order
+#: the tokenizers of `--tokenizer all`, in docs/benchmarks.md's order
 ALL = ["kimi", "deepseek-v4", "qwen3.6", "cl100k", "smollm2"]
 
 

@@ -1,4 +1,4 @@
-"""Where a cold audit chunk's time goes, step by step, in one process (issue 21's README figures).
+"""Where a cold audit chunk's time goes, step by step, in one process (docs/benchmarks.md).
 
 Writes N cold mixed-script records for a tokenizer (benchmarks/cold_data.py, as audit_speed.py's
 cold rows do), loads the tokenizer and profile as `recon audit` does, audits the first chunk to
