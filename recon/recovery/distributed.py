@@ -49,7 +49,7 @@ def recover_on_dask(records: Sequence[Record], spec: tuple, address: str, *, tem
     (``"local"``: a LocalCluster here) or through ``client``. ``spec``: (tokenizer, family,
     profile, model, threads, top_k), what each worker loads. ``together``: searches a worker runs
     at once (:mod:`recon.recovery.together`; a task then holds at least that many records)."""
-    from recon.audit.engine import _bounded, _dask_client
+    from recon.audit.workers import _bounded, _dask_client
 
     own = client is None
     if own:
