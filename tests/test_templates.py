@@ -55,6 +55,14 @@ def oracle():
 
 
 @pytest.fixture(scope="module")
+def gguf_reference():
+    """SmolLM2's GGUF as transformers' GGUF loader reads it (slow: loaded once)."""
+    pytest.importorskip("torch", reason="transformers' GGUF loader needs the 'generate' extra")
+    tok = recon.load_tokenizer("smollm2")
+    return transformers.AutoTokenizer.from_pretrained(str(tok.source.parent), gguf_file=tok.source.name)
+
+
+@pytest.fixture(scope="module")
 def specials():
     """What recon passes: the same tokenizer's special-token texts, read by recon."""
     return special_token_variables(recon.load_tokenizer("deepseek-v4"))
@@ -267,7 +275,11 @@ def _tokenizer_dir(tmp_path: Path, config: dict | None = None) -> Path:
 
 
 def _transformers_pick(directory: Path, name=None, tools=None) -> str:
-    return transformers.AutoTokenizer.from_pretrained(str(directory)).get_chat_template(name, tools)
+    return _transformers_tokenizer(directory).get_chat_template(name, tools)
+
+
+def _transformers_tokenizer(directory: Path):
+    return transformers.AutoTokenizer.from_pretrained(str(directory))
 
 
 QWEN = TEMPLATES.get("qwen3", "{{ messages[0].content }}")
@@ -294,9 +306,10 @@ def test_a_list_of_named_templates_is_picked_as_transformers_picks(tmp_path):
     named = [{"name": "default", "template": QWEN}, {"name": "tool_use", "template": KIMI},
              {"name": "rag", "template": "{{ documents }}"}]
     directory = _tokenizer_dir(tmp_path, {"chat_template": named})
+    reference = _transformers_tokenizer(directory)
     for name, tools in [(None, False), (None, True), ("rag", False), ("default", True)]:
         found = find_chat_template(directory, name=name, tools=tools)
-        assert found.source == _transformers_pick(directory, name, TOOLS if tools else None)
+        assert found.source == reference.get_chat_template(name, TOOLS if tools else None)
     assert "(chat_template[1], 'tool_use')" in find_chat_template(directory, tools=True).origin
     with pytest.raises(ReconError, match=r"no chat template named 'nope' \(there are: default, rag, tool_use\)"):
         find_chat_template(directory, name="nope")
@@ -318,15 +331,12 @@ def test_an_explicit_file_wins(tmp_path):
         find_chat_template(directory, chat_template=tmp_path / "other.json")
 
 
-def test_the_gguf_template_of_smollm2():
+def test_the_gguf_template_of_smollm2(gguf_reference):
     tok = recon.load_tokenizer("smollm2")
     found = find_chat_template("smollm2")
     assert found == find_chat_template(tok.source)
     assert found.origin == f"{tok.source} (tokenizer.chat_template)"
-    assert found.source.startswith("{% for message in messages %}") and "<|im_start|>" in found.source
-    pytest.importorskip("torch", reason="transformers' GGUF loader needs the 'generate' extra")
-    reference = transformers.AutoTokenizer.from_pretrained(str(tok.source.parent), gguf_file=tok.source.name)
-    assert found.source == reference.chat_template
+    assert found.source == gguf_reference.chat_template
 
 
 def test_no_template_is_none(tmp_path):
@@ -376,10 +386,21 @@ def test_special_tokens_in_every_form_a_config_writes(tmp_path):
     assert ours["sep_token"] == "<｜tool▁sep｜>" and "mask_token" not in ours
 
 
-def test_special_tokens_of_a_gguf():
-    tok = recon.load_tokenizer("smollm2")
-    ours = special_token_variables(tok)
-    assert ours["eos_token"] == tok.roles["eos"]
-    pytest.importorskip("torch", reason="transformers' GGUF loader needs the 'generate' extra")
-    reference = transformers.AutoTokenizer.from_pretrained(str(tok.source.parent), gguf_file=tok.source.name)
-    assert ours == reference.special_tokens_map
+def test_special_tokens_of_a_gguf(gguf_reference):
+    assert special_token_variables(recon.load_tokenizer("smollm2")) == gguf_reference.special_tokens_map
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda t: t.render([]), "cannot render an empty conversation"),
+    (lambda t: t.render("hi"), "messages must be a list of dicts"),
+    (lambda t: t.render(["hi"]), r"messages\[0\]: expected a dict"),
+    (lambda t: t.render([{"role": "user", "content": "x"}], tools=[print]), r"tools\[0\]: expected a JSON schema"),
+    (lambda t: t.render([{"role": "user", "content": "x"}], chat_template_kwargs={"messages": []}), "may not set messages"),
+    (lambda t: t.render([{"role": "user", "content": "x"}], chat_template_kwargs={1: 2}), "string names"),
+    (lambda t: t.render([{"role": "user", "content": 5}], add_generation_prompt=False, continue_final_message=True),
+     "content is a int"),
+])
+def test_bad_calls_give_one_line(call, needle):
+    with pytest.raises(ReconError, match=needle) as e:
+        call(ChatTemplate("{{ messages[0].content }}", "t.jinja"))
+    assert str(e.value).startswith("t.jinja: chat template: ") and "\n" not in str(e.value)

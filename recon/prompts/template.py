@@ -108,6 +108,9 @@ class ChatTemplate:
             raise ReconError(f"{where}: continue_final_message and add_generation_prompt cannot both be set")
         tools = self._tools(tools, where)
         kwargs = dict(chat_template_kwargs or {})
+        for name in (*kwargs, *(special_tokens or {})):
+            if not isinstance(name, str):
+                raise ReconError(f"{where}: chat_template_kwargs and special_tokens take string names, got {name!r}")
         clash = sorted(_RESERVED & kwargs.keys())
         if clash:
             raise ReconError(f"{where}: chat_template_kwargs may not set {', '.join(clash)} (the renderer passes it)")
@@ -161,6 +164,8 @@ class ChatTemplate:
                     text, block["text"] = block["text"], block["text"] + _CONTINUE_TAG
                     return text
             raise ReconError(f"{where}: continue_final_message: no text block in the final message to continue")
+        if not isinstance(final, str):
+            raise ReconError(f"{where}: continue_final_message: the final message's content is a {type(final).__name__}")
         chat[-1]["content"] = final + _CONTINUE_TAG
         return final
 
