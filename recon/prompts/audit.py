@@ -205,15 +205,22 @@ def _cause(maker: PromptMaker, record: Record, engine: list[int], rendered: list
         return "segmentation"
     bos = tok.roles.get("bos")
     bos_id = tok.added_by_content[bos].id if bos in tok.added_by_content else None
-    if at == 0 and bos_id is not None and ((engine[:1] == [bos_id]) != (rendered[:1] == [bos_id])):
-        if engine[1:] == rendered or rendered[1:] == engine:
-            return "bos"
+    if bos_id is not None and any(len(a) == len(b) + 1 and at < len(a) and a[at] == bos_id and a[:at] + a[at + 1:] == b
+                                  for a, b in ((engine, rendered), (rendered, engine))):
+        return "bos"  # one BOS more on one side: an encode that added it to a template that writes one
     # what differs, once the common prefix and suffix are cut off
     tail = 0
     while (tail < len(e_bytes) - byte_at and tail < len(r_bytes) - byte_at
            and e_bytes[-1 - tail] == r_bytes[-1 - tail]):
         tail += 1
     e_diff, r_diff = e_bytes[byte_at : len(e_bytes) - tail], r_bytes[byte_at : len(r_bytes) - tail]
+    msg = record.messages[message] if message is not None else {}
+    if region == "assistant":  # before whitespace: re-serialized JSON often differs only in spaces
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+        if isinstance(reasoning, str) and _in_one([reasoning], e_bytes, r_bytes):
+            return "reasoning_dropped"
+        if _in_one(_args_texts(msg), e_bytes, r_bytes):
+            return "tool_arguments"
     if not e_diff.strip() and not r_diff.strip():
         return "separator"
     if region == "generation_prompt":
@@ -223,13 +230,6 @@ def _cause(maker: PromptMaker, record: Record, engine: list[int], rendered: list
         if names and _in_one([n for n in names if isinstance(n, str)], e_bytes, r_bytes):
             return "tools_declared"
         return "default_system_prompt"
-    msg = record.messages[message] if message is not None else {}
-    if region == "assistant":
-        reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-        if isinstance(reasoning, str) and _in_one([reasoning], e_bytes, r_bytes):
-            return "reasoning_dropped"
-        if _in_one(_args_texts(msg), e_bytes, r_bytes):
-            return "tool_arguments"
     content = msg.get("content")
     if isinstance(content, str) and content and _in_one([content], e_bytes, r_bytes):
         return "content_changed"
