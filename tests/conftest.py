@@ -56,3 +56,29 @@ def kimi_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def kimi(kimi_dir) -> recon.Tokenizer:
     return recon.load_tokenizer(kimi_dir)
+
+
+# -- a real vLLM engine (`recon setup vllm`), one for the whole run: tests marked `vllm` ---------------------
+def pytest_configure(config):
+    config.addinivalue_line("markers", "vllm: needs the real vLLM engine `recon setup vllm` builds (started once per "
+                                       "run on 127.0.0.1; skipped where it is not set up, a failure under CI=true)")
+
+
+@pytest.fixture(scope="session")
+def vllm_engine():
+    """The engine, started on a free loopback port and warmed up; stopped at the end of the run.
+    Skipped, saying why, where `recon setup vllm` has not been run; under CI=true that fails."""
+    from recon.server import vllm
+
+    home = vllm.EngineHome.resolve()
+    if not home.ready():
+        why = f"no vLLM engine set up in {home.root} (run `recon setup vllm`)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI: {why}", pytrace=False)
+        pytest.skip(why)
+    log = Path(tempfile.mkstemp(prefix="recon-vllm-", suffix=".log")[1])
+    engine = vllm.start(home, log=log)
+    print(f"\nvLLM engine at {engine.url}: healthy after {engine.started_seconds:.1f} s, warm-up {engine.warmup_seconds:.1f} s")
+    yield engine
+    engine.stop()
+    log.unlink(missing_ok=True)
