@@ -91,3 +91,28 @@ def last_tokens(frame: pd.DataFrame, tok=None, n: int = 10) -> pd.DataFrame:
         counts["piece"] = [tok.id_to_piece(i) for i in counts["last_id"]]
     counts["share"] = counts["count"] / counts.groupby("dataset")["count"].transform("sum")
     return counts.sort_values(["dataset", "count"], ascending=[True, False]).groupby("dataset").head(n).reset_index(drop=True)
+
+
+def audit_prompts(records, tok, template) -> pd.DataFrame:
+    """The prompt audit of ``records`` (:mod:`recon.prompts.audit`) with the chat template
+    ``template`` (a :class:`~recon.prompts.template.ChatTemplate` or None): one row per record,
+    ``id``, ``dataset`` and the prompt-audit columns."""
+    from recon.prompts.audit import COLUMNS as PROMPT_COLUMNS
+    from recon.prompts.audit import prompts_audited
+    from recon.prompts.render import PromptMaker
+
+    _, rows = prompts_audited(PromptMaker(tok, template), list(records))
+    frame = pd.DataFrame(rows, columns=PROMPT_COLUMNS)
+    frame.insert(0, "dataset", [r.dataset for r in records])
+    frame.insert(0, "id", [r.id for r in records])
+    return frame
+
+
+def prompt_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Prompt-audit rows by where each prompt came from and how it compared: ``prompt_source`` ×
+    ``prompt_status``, and a ``cause`` column for the divergences (``region: cause``)."""
+    cause = frame["prompt_region"].fillna("-") + ": " + frame["prompt_cause"].fillna("-")
+    cause = cause.where(frame["prompt_status"] == "diverged", "")
+    table = (frame.assign(cause=cause).groupby(["prompt_source", "prompt_status", "cause"]).size()
+             .rename("records").reset_index())
+    return table.sort_values(["prompt_source", "prompt_status", "cause"]).reset_index(drop=True)
