@@ -181,6 +181,32 @@ def test_the_header_reader_agrees_with_gguf_readers_on_the_real_file(smollm2_ggu
     assert len(ours["tokenizer.ggml.tokens"]) == 49_152 and ours["tokenizer.ggml.tokens"][2] == "<|im_end|>"
 
 
+def test_keys_read_alone_are_the_reference_readers_values(smollm2_gguf):
+    """Reading some keys steps over the others unbuilt (the vocabulary's 49,152 strings): what is
+    read after them still agrees with ``gguf.GGUFReader``."""
+    import gguf
+
+    from recon.tokenizers.gguf_reader import read_gguf_metadata
+
+    theirs = {k: f.contents() for k, f in gguf.GGUFReader(smollm2_gguf).fields.items() if not k.startswith("GGUF.")}
+    wanted = lambda k: k not in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")  # noqa: E731
+    ours = read_gguf_metadata(smollm2_gguf, keys=wanted)
+    assert list(ours) == [k for k in theirs if wanted(k)]
+    assert ours == {k: v for k, v in theirs.items() if wanted(k)}
+
+
+def test_every_cut_is_a_clean_error_when_keys_are_skipped(tmp_path):
+    from recon.tokenizers.gguf_reader import read_gguf_metadata
+
+    data = gguf_bytes(small_kv())
+    path = tmp_path / "cut.gguf"
+    for end in range(0, len(data), 5):
+        path.write_bytes(data[:end])
+        with pytest.raises(TokenizerLoadError) as e:
+            read_gguf_metadata(path, keys=lambda k: k == "tokenizer.chat_template")
+        assert str(e.value).startswith(f"{path}: ") and "\n" not in str(e.value), end
+
+
 def test_the_conversion_cache_is_keyed_by_the_conversion_code(tmp_path):
     """A changed conversion (here: a copy of recon whose gguf.py differs by one comment) never
     reads the build the original wrote: it converts again, into an entry of its own."""

@@ -59,16 +59,18 @@ def _add_audit_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chat-template", metavar="FILE",
                    help="the chat template (.jinja, or JSON with a chat_template key); default: the tokenizer's own "
                         "(chat_template.jinja, tokenizer_config.json or the GGUF)")
-    g.add_argument("--template-name", metavar="NAME", help="which of several named templates (default: tool_use when "
-                                                           "records declare tools... as transformers picks; else default)")
+    g.add_argument("--template-name", metavar="NAME",
+                   help="which of a tokenizer's several named templates (default: 'default', as transformers picks)")
 
 
 def _prompts(args: argparse.Namespace, *, audit: bool = True):
     """The run's prompt setting: the chat template found for ``--tokenizer`` (or given)."""
-    from recon.audit.engine import Prompts
+    from recon.audit.engine import Prompts, _bound
     from recon.prompts.sources import find_chat_template
 
-    template = find_chat_template(args.tokenizer, chat_template=args.chat_template, name=args.template_name)
+    # the tokenizer the run loads anyway (cached): its files say where the template is
+    tok = _bound(args.tokenizer, args.family, args.profile, getattr(args, "encoder", "fast")).tok
+    template = find_chat_template(tok.source, chat_template=args.chat_template, name=args.template_name)
     return Prompts(template, audit)
 
 

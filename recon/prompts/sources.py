@@ -159,8 +159,8 @@ def _from_json(path: Path, *, required: bool) -> dict[str, tuple[Any, str]] | No
 def _from_gguf(path: Path, name: str | None, tools: bool) -> ChatTemplate | None:
     from recon.tokenizers.gguf_reader import read_gguf_metadata
 
-    meta = read_gguf_metadata(path)
     key = "tokenizer.chat_template"
+    meta = read_gguf_metadata(path, keys=lambda k: k.startswith(key))
     named = {k.removeprefix(key + "."): (v, f"{path} ({k})") for k, v in meta.items() if k.startswith(key + ".")}
     if key in meta:
         named["default"] = (meta[key], f"{path} ({key})")

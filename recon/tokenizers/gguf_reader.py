@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -88,14 +88,59 @@ class _Header:
             return self.unpack(_SCALARS[vtype])
         raise self.fail(f"unknown GGUF value type {vtype}")
 
+    def _skip_strings(self, count: int) -> None:
+        """Step over ``count`` strings, their lengths read from 1 MiB windows (a vocabulary of
+        49,152 strings in a few milliseconds, not a read and a check per string)."""
+        base, buf, off = self.f.tell(), b"", 0
+        for _ in range(count):
+            if off + 8 > len(buf):
+                base += off
+                self.f.seek(base)
+                buf, off = self.f.read(1 << 20), 0
+                if len(buf) < 8:
+                    raise self.fail("the file ends inside an array of strings (truncated file?)")
+            off += 8 + struct.unpack_from("<Q", buf, off)[0]
+            if base + off > self.size:
+                raise self.fail(f"string does not fit in the {self.size - base} bytes left")
+        self.f.seek(base + off)
+
+    def skip(self, vtype: int, depth: int = 0) -> None:
+        """Move past a value without building it (its lengths still checked against the file)."""
+        if vtype == STRING:
+            n = self.unpack("<Q")
+            if n > self.left:
+                raise self.fail(f"string of {n} bytes does not fit in the {self.left} bytes left")
+            self.f.seek(n, os.SEEK_CUR)
+        elif vtype == ARRAY:
+            if depth >= MAX_DEPTH:
+                raise self.fail(f"arrays nested more than {MAX_DEPTH} deep")
+            item_type, count = self.unpack("<I"), self.unpack("<Q")
+            if item_type not in _MIN_SIZE:
+                raise self.fail(f"array of unknown GGUF value type {item_type}")
+            if count * _MIN_SIZE[item_type] > self.left:
+                raise self.fail(f"array of {count} items does not fit in the {self.left} bytes left")
+            if item_type in _SCALARS:
+                self.f.seek(_MIN_SIZE[item_type] * count, os.SEEK_CUR)
+            elif item_type == STRING:
+                self._skip_strings(count)
+            else:
+                for _ in range(count):
+                    self.skip(item_type, depth + 1)
+        elif vtype in _SCALARS:
+            self.f.seek(_MIN_SIZE[vtype], os.SEEK_CUR)
+        else:
+            raise self.fail(f"unknown GGUF value type {vtype}")
+
 
 def _shown(key: str) -> str:
     """A key as an error message shows it: as is if it is a short printable name, else quoted and cut."""
     return key if key.isprintable() and len(key) <= 80 else repr(key[:80])
 
 
-def read_gguf_metadata(path: Path) -> dict[str, Any]:
-    """All key/value metadata of a GGUF file (tokenizer arrays included), as Python values.
+def read_gguf_metadata(path: Path, keys: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """All key/value metadata of a GGUF file (tokenizer arrays included), as Python values; with
+    ``keys``, only the keys it accepts (the others are stepped over unbuilt: a chat template is
+    read without decoding 49,152 vocabulary strings).
 
     Strings under ``tokenizer.*`` must be valid UTF-8 (a vocabulary with bytes replaced would be
     silently wrong); elsewhere invalid bytes become U+FFFD."""
@@ -120,6 +165,10 @@ def read_gguf_metadata(path: Path) -> dict[str, Any]:
                 h.field = f"key {_shown(key)}"
                 if key in meta:
                     raise h.fail("appears twice in the header")
+                if keys is not None and not keys(key):
+                    h.skip(h.unpack("<I"))
+                    previous = _shown(key)
+                    continue
                 meta[key] = h.value(h.unpack("<I"), strict=key.startswith("tokenizer."))
                 previous = _shown(key)
             return meta
