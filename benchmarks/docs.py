@@ -28,10 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 
-#: name: (command, the --quick command or None when the full one is quick, rough full minutes on 2 shared cores)
+#: name: (command, the --quick command or None when the full one is quick, rough minutes of the full one on
+#: 2 loaded shared cores)
 SECTIONS: dict[str, tuple[str, str | None, float]] = {
     "audit-cold": ("benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000",
-                   "benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 5000 --repeat 1", 1.5),
+                   "benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 5000 --repeat 1", 2.5),
     "audit-tokenizers": ("benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer all",
                          "benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 5000 --repeat 1 --tokenizer all", 7),
     "audit-memory": ("benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 0 --cold-memory 10000,1000000",
@@ -50,8 +51,8 @@ SECTIONS: dict[str, tuple[str, str | None, float]] = {
                          "data/heldout-llamacpp-t0.8-default.jsonl data/heldout-llamacpp-t1.4-m0.05.jsonl "
                          "--out data/recover-heldout-llamacpp.jsonl", None, 0.05),
     "slack-shortfall": ("benchmarks/llamacpp_heldout.py --shortfall data/heldout-llamacpp-t0.7-p0.95.jsonl "
-                        "data/heldout-llamacpp-t0.8-default.jsonl data/heldout-llamacpp-t1.4-m0.05.jsonl", None, 2),
-    "scorer-cost": ("benchmarks/scorer_cost.py", None, 0.5),
+                        "data/heldout-llamacpp-t0.8-default.jsonl data/heldout-llamacpp-t1.4-m0.05.jsonl", None, 9),
+    "scorer-cost": ("benchmarks/scorer_cost.py", None, 1),
     "recover-together": ("benchmarks/recover_together.py",
                          "benchmarks/recover_together.py --limit 4 --together 1,4", 8),
 }
