@@ -64,16 +64,36 @@ def chat_response(model: LocalModel, req: ChatRequest, prompt_ids: list[int], sa
         out = to_vllm_chat(rec, model=model.name, return_token_ids=req.return_token_ids, tokens_as_ids=req.tokens_as_ids)
         choice = out["choices"][0]
         choice["index"] = k
+        _as_vllm_writes_it(choice)
         if req.logprobs and req.top_logprobs:
             for entry, top in zip(choice["logprobs"]["content"], sample.top):
                 entry["top_logprobs"] = [dict(zip(("token", "bytes"), _token_text(model.tokenizer, tid, req.tokens_as_ids)),
                                               logprob=_lp(lp)) for tid, lp in top[: req.top_logprobs]]
         choices.append(choice)
     out["choices"] = choices
+    out.setdefault("prompt_logprobs", None)  # vLLM's chat completion has both, null unless asked for
+    out.setdefault("prompt_token_ids", None)
     completion = sum(len(s.output_ids) for s in samples)
     out["usage"] = {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
                     "total_tokens": len(prompt_ids) + completion}
     return out
+
+
+#: the message fields vLLM 0.32.0 writes as null when it has nothing for them (tests/data/vllm/chat.json)
+NULL_MESSAGE_FIELDS = ("refusal", "annotations", "audio", "function_call", "reasoning")
+
+
+def _as_vllm_writes_it(choice: dict) -> None:
+    """One chat choice laid out as vLLM 0.32.0 lays it out: no ``tool_calls`` key without tool
+    calls, its null message fields, ``stop_reason`` (null: recon stops at EOS or max_tokens only),
+    ``token_ids`` null when not asked for."""
+    message = choice["message"]
+    if not message.get("tool_calls"):
+        message.pop("tool_calls", None)
+    for name in NULL_MESSAGE_FIELDS:
+        message.setdefault(name, None)
+    choice.setdefault("stop_reason", None)
+    choice.setdefault("token_ids", None)  # null unless return_token_ids, as vLLM writes it
 
 
 def content_deltas(decode, ids: list[int], special_ids: Iterable[int], content: str) -> list[str]:
@@ -100,29 +120,34 @@ def content_deltas(decode, ids: list[int], special_ids: Iterable[int], content: 
 
 
 def chat_chunks(model: LocalModel, req: ChatRequest, response: dict, samples: list[Sample]) -> Iterator[dict]:
-    """The streamed form of ``response``: per choice a role chunk, one chunk per token (its text,
-    its logprobs entry, its id with ``return_token_ids``), a finish chunk; then usage if asked."""
+    """The streamed form of ``response``, as vLLM streams it: per choice a role chunk, one chunk per
+    token (its text, its logprobs entry, its id with ``return_token_ids``; the last one also its
+    ``finish_reason``); then usage if asked, in a chunk of its own (no ``usage`` key before it)."""
     tok = model.tokenizer
     head = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"], "model": response["model"]}
-    usage = {"usage": None} if req.include_usage else {}
     first = True
     for choice, sample in zip(response["choices"], samples):
         k = choice["index"]
         chunk = {**head, "choices": [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                      "finish_reason": None}], **usage}
+                                      "finish_reason": None}]}
         if first and req.return_token_ids:
             chunk["prompt_token_ids"] = response["prompt_token_ids"]  # vLLM: in the first chunk only
         first = False
         yield chunk
         entries = (choice.get("logprobs") or {}).get("content")
         deltas = content_deltas(tok.decode, sample.output_ids, tok.special_ids, choice["message"]["content"] or "")
+        last = len(sample.output_ids) - 1
         for j, (tid, delta) in enumerate(zip(sample.output_ids, deltas)):
             part = {"index": k, "delta": {"content": delta}, "logprobs": {"content": [entries[j]]} if entries else None,
                     "finish_reason": None}
+            if j == last:  # vLLM: the finish reason rides on the last token's chunk
+                part.update(finish_reason=choice["finish_reason"], stop_reason=None)
             if req.return_token_ids:
                 part["token_ids"] = [tid]
-            yield {**head, "choices": [part], **usage}
-        yield {**head, "choices": [{"index": k, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}], **usage}
+            yield {**head, "choices": [part]}
+        if last < 0:  # no token at all: a chunk of its own says why
+            yield {**head, "choices": [{"index": k, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"],
+                                        "stop_reason": None}]}
     if req.include_usage:
         yield {**head, "choices": [], "usage": response["usage"]}
 
@@ -183,10 +208,9 @@ def completion_response(model: LocalModel, req: CompletionRequest, prompt_ids: l
             choice["logprobs"] = _legacy_logprobs(tok, all_ids, lps, tops, k, req.tokens_as_ids)
         if req.prompt_logprobs is not None:
             choice["prompt_logprobs"] = _prompt_logprobs(tok, ids, scores[index], req.prompt_logprobs)
-        if req.return_token_ids or req.prompt_logprobs is not None:
-            choice["prompt_token_ids"] = ids
-        if req.return_token_ids:
-            choice["token_ids"] = out_ids
+        # vLLM writes both, null unless return_token_ids (prompt_logprobs alone gives no ids)
+        choice["prompt_token_ids"] = ids if req.return_token_ids else None
+        choice["token_ids"] = out_ids if req.return_token_ids else None
         choices.append(choice)
     prompt_tokens = sum(map(len, prompt_ids))
     completion = sum(len(s.output_ids) for s in samples if s)
