@@ -133,3 +133,29 @@ def test_prompt_ids_the_engine_reports_against_recon_s_rendering(url, tokenizers
     for turn in multiturn(url):
         text = template.render(turn["request"]["messages"], special_tokens=special_token_variables(tok))
         assert tok.encode(text, allow_special=True) == turn["prompt_token_ids"]
+
+
+def test_the_workbench_collects_audits_and_shows_a_live_engine(vllm_engine, tmp_path):
+    """`recon report` on a params file naming the live engine runs notebook 06 against it: every
+    sample the engine returned is collected with its ids and audited (the engine's answers are the
+    oracle: as many records as prompts x n, each with the engine's sampled and prompt ids)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from recon.notebook.report import read_records
+    from tests.conftest import ROOT
+
+    params = yaml.safe_load((ROOT / "params" / "vllm-live.yaml").read_text())
+    params["engine"] = vllm_engine.url
+    params["notebooks"]["06_live_engine"].update(engine_url=vllm_engine.url, prompts=3, n=2, max_tokens=24,
+                                                 prompts_path=str(ROOT / "data" / "prompts.jsonl"))
+    path = tmp_path / "live.yaml"
+    path.write_text(yaml.safe_dump(params))
+    run = subprocess.run([sys.executable, "-m", "recon.cli", "report", str(path), "--out", str(tmp_path / "out"),
+                          "--no-html"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = read_records(tmp_path / "out" / "live" / "06_live_engine.ipynb")
+    assert found["collected"] == 6 and found["summary"]["samples"] == 6
+    assert sum(r["records"] for r in found["prompts"] if r["prompt_source"] == "engine") == 6

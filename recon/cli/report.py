@@ -10,7 +10,7 @@ from recon.errors import ReconError
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from recon.notebook.report import MissingVariable, load_params, run_params
+    from recon.notebook.report import MissingVariable, engine_down, load_params, run_params
 
     explicit = bool(args.params)
     paths = [Path(p) for p in args.params] or sorted(Path("params").glob("*.yaml"))
@@ -24,6 +24,12 @@ def cmd_report(args: argparse.Namespace) -> int:
             if explicit:
                 raise
             print(f"skipped {path}: {str(e).split(': ', 1)[1]}")
+            continue
+        down = engine_down(params.engine) if params.engine else None
+        if down:
+            if explicit:
+                raise ReconError(f"{path}: {down}; start one first (recon engine start)")
+            print(f"skipped {path}: {down} (start one: recon engine start)")
             continue
         for r in run_params(params, notebooks_dir=Path(args.notebooks), out_dir=Path(args.out), html=not args.no_html):
             status = "FAILED" if r.error else "ok"

