@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from recon.audit.compare import arrow_schema, audit_rows
+from recon.audit.prefix_run import PrefixRun
 from recon.audit.profiles import BoundProfile, ParseOptions, load_profile
 from recon.audit.tally import Tally
 from recon.audit.workers import _bounded, _dask_client, _pool, _prepend, _progress_bar, default_workers
 from recon.errors import ReconError
 from recon.prompts.audit import counts as prompt_counts
 from recon.prompts.audit import prompts_audited
+from recon.audit.turns import chunk_turns
 from recon.prompts.render import PromptMaker
 from recon.prompts.template import ChatTemplate
 from recon.samples.export import Policy, TableWriter, check_policy, export_rows, trainer_rows
@@ -129,6 +131,8 @@ class ChunkResult:
     keys: list[tuple[str, int, str, str, int]] | None = None
     #: (prompt source, status, cause, region) of each record, when prompts are audited
     prompt_counts: list[tuple[str, str, str | None, str | None]] | None = None
+    #: each record's place in a multi-turn trajectory (:class:`recon.audit.turns.TurnInfo`), when any has one
+    turns: list | None = None
 
 
 @contextmanager
@@ -168,14 +172,17 @@ def _audit_chunk_counted(args: tuple, output: str | None, chunk: "Sequence[Recor
         tokenizer, family, profile, _, _, _, encoder, _ = args
         prompts, prompt_rows = prompts_audited(_maker(tokenizer, family, profile, encoder, setup.template), records,
                                                audit=setup.audit)
-    rows = audit_chunk(*args, records, keep_ids=exporting,
+    linked = any(r.conversation is not None or r.messages for r in records)
+    need_recon = linked and any(r.output_ids is None for r in records)
+    rows = audit_chunk(*args, records, keep_ids=exporting or need_recon,
                        prompts=None if prompts is None else [p.ids for p in prompts]) if records else []
-    table = None
+    table, exported = None, None
+    if exporting:
+        exported = export_rows(records, rows, output)
     if output is not None:
         import pyarrow as pa
 
         if exporting:
-            exported = export_rows(records, rows, output)
             if _policy_format(output) == "table":
                 table = pa.Table.from_pylist(exported, schema=export_schema())
             else:
@@ -188,7 +195,8 @@ def _audit_chunk_counted(args: tuple, output: str | None, chunk: "Sequence[Recor
             table = pa.Table.from_pylist(rows, schema=arrow_schema(prompts=prompt_rows is not None))
     counts = [(r["dataset"], r["status"], r["cause"]) for r in rows]
     return ChunkResult(counts, table, errors, keys,
-                       None if prompt_rows is None else [prompt_counts(r) for r in prompt_rows])
+                       None if prompt_rows is None else [prompt_counts(r) for r in prompt_rows],
+                       chunk_turns(records, rows, prompts, exported, _bound(*args[:3], args[6])) if linked else None)
 
 
 def _policy_format(policy: "str | Policy") -> str:
@@ -265,6 +273,10 @@ def audit_stream(
         _maker(tokenizer, family, profile, encoder, prompts.template)
     tally, kept = Tally(), 0
     writer, output = None, None
+    prefix = PrefixRun(_bound(tokenizer, family, profile, encoder),
+                       boundaries_path=None if rows_path is None else Path(rows_path).with_name("boundaries.parquet"),
+                       policy=policy if export_path is not None and isinstance(policy, Policy) else None,
+                       export_path=export_path)
     if rows_path is not None:
         writer, output = TableWriter(rows_path, arrow_schema(prompts=prompts is not None and prompts.audit)), "rows"
     elif export_path is not None:
@@ -273,7 +285,7 @@ def audit_stream(
             if prompts is None:
                 raise ReconError(f"an export in {_policy_format(policy)}'s format needs prompts (Prompts)")
             schema = schema.remove(schema.get_field_index("drop")).remove(schema.get_field_index("keep"))
-        writer, output = TableWriter(export_path, schema), policy
+        writer, output = TableWriter(prefix.generations_path(export_path), schema), policy
     drops: dict[str, int] = {}
     bar = _progress_bar(progress)
     own_client = client is None and dask is not None
@@ -285,6 +297,7 @@ def audit_stream(
     try:
         for result in _chunks_audited(iter(chunks), args, output, client, workers):
             counts, table, prompted = _drop_duplicates(result, seen, errors)
+            prefix.add(result.turns)
             tally.add_counts(counts)
             if prompted is not None:
                 tally.add_prompt_counts(prompted)
@@ -313,8 +326,17 @@ def audit_stream(
     summary = tally.summary()
     if prompts is not None and prompts.audit:
         summary["prompts"] = tally.prompt_summary()
+    conversations = prefix.finish()
+    if prefix.conversations.counts["generations"]:
+        summary["conversations"] = conversations
     if export_path is not None and _policy_format(policy) != "table":
         summary["export"] = {"format": _policy_format(policy), "rows": kept, "dropped": dict(sorted(drops.items()))}
+        if prefix.policy is not None:
+            generations, whole = prefix.write_export()
+            summary["export"].update(rows=generations + whole, generation_rows=generations, trajectory_rows=whole,
+                                     trajectories={"whole": conversations["whole"], "cut": conversations["cut"],
+                                                   "by_cause": conversations["cut_by_cause"]})
+            kept = generations + whole
     return AuditRun(summary, errors, writer.path if writer is not None else None,
                     kept if export_path is not None else None)
 
@@ -337,6 +359,8 @@ def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list
             found += [duplicate_error(path, line, dataset, rid)
                       for (path, line, dataset, rid, _), ok in zip(result.keys, keep) if not ok]
             counts = [c for c, ok in zip(counts, keep) if ok]
+            if result.turns is not None:
+                result.turns = [t for t, ok in zip(result.turns, keep) if ok]
             if prompted is not None:
                 prompted = [c for c, ok in zip(prompted, keep) if ok]
             if table is not None:

@@ -54,6 +54,9 @@ class Policy:
     format: str = "table"
     max_length: int | None = None
     min_loss_tokens: int = 1
+    #: trainer formats: a multi-turn trajectory whose prefix holds at every boundary is written
+    #: once, as one row (loss on every turn's sampled ids); the others' turns one row each
+    trajectories: bool = False
 
 
 def _policy(policy: "str | Policy") -> Policy:
@@ -166,6 +169,29 @@ def trainer_rows(records: Sequence[Record], exported: Sequence[Mapping], prompts
                     "sampled_tokens": None if ids is None else len(ids), "truncated": truncated,
                     "keep": keep, "drop": drop})
     return out
+
+
+def trajectory_row(dataset: str, conversation: str, seq: Sequence[int], spans: Sequence[tuple[int, int]],
+                   prompt_source: str, turns: int, policy: "str | Policy") -> dict:
+    """One trainer row for a whole trajectory (:data:`TRAINER_COLUMNS`, ``keep`` and ``drop``):
+    ``input_ids`` = its last turn's prompt + sampled ids (every earlier turn's prompt and sampled
+    ids are a prefix of it), ``loss_mask`` 1 on each turn's sampled ids (``spans``, [start, end)
+    each) and 0 on the user, tool and template text between them. ``id``: the conversation;
+    ``status``: ``trajectory``; ``cause``: how many turns."""
+    policy = _policy(policy)
+    input_ids = [int(i) for i in seq]
+    mask = [0] * len(input_ids)
+    for start, end in spans:
+        mask[start:end] = [1] * (end - start)
+    truncated = policy.max_length is not None and len(input_ids) > policy.max_length
+    if truncated:
+        input_ids, mask = input_ids[: policy.max_length], mask[: policy.max_length]
+    keep = sum(mask) >= policy.min_loss_tokens
+    return {"id": conversation, "input_ids": input_ids if keep else None, "loss_mask": mask if keep else None,
+            "dataset": dataset, "prompt_source": prompt_source, "ids_source": "trajectory", "status": "trajectory",
+            "cause": f"{turns} turns", "prompt_tokens": spans[0][0] if spans else None,
+            "sampled_tokens": sum(end - start for start, end in spans), "truncated": truncated, "keep": keep,
+            "drop": None if keep else "too_few_loss_tokens"}
 
 
 def arrow_schema(format: str = "table"):  # noqa: A002 - the export's own word

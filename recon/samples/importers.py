@@ -14,7 +14,8 @@ Each input line is one server response (a JSON object, or a JSON array of them f
 SGLang calls), optionally wrapped as ``{"id": ..., "response": <server response>,
 "messages": ..., "tools": ..., "chat_template_kwargs": ...}`` or ``{"id": ..., "request": <the
 request sent>, "response": ...}`` (the record keeps the request's messages, tools and template
-switches: what its prompt is rendered from); OpenAI Batch input files join their output by
+switches: what its prompt is rendered from; and ``conversation`` / ``turn`` from the wrapper or
+the request, which link a multi-turn trajectory's generations); OpenAI Batch input files join their output by
 ``custom_id`` (:func:`read_requests`); streamed ``chat.completion.chunk`` lines are joined per ``id``. Rendering
 records back into each server's shape is :mod:`recon.samples.render`.
 The shapes each engine documents are in ``tests/data/importers/SOURCES.md``.
@@ -39,6 +40,8 @@ from recon.samples.records import (
 )
 from recon.samples.requests import REQUEST_FIELDS, read_requests, request_fields
 
+#: what links a record to its trajectory, kept from the wrapper (or the request) as it is
+LINKS = ("conversation", "turn")
 TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 
 
@@ -48,9 +51,11 @@ def _unwrap(obj: dict) -> tuple[Any, dict, dict]:
         body = obj["response"].get("body") if isinstance(obj.get("response"), dict) else None  # OpenAI Batch output
         return obj.get("custom_id") or obj.get("id"), body if isinstance(body, dict) else {"error": obj.get("error") or "no response body"}, {}
     if isinstance(obj.get("response"), dict) and ("choices" in obj["response"] or "meta_info" in obj["response"]):
-        extra = {k: obj[k] for k in ("meta", "dataset", "prompt_ids", *REQUEST_FIELDS) if k in obj}
+        extra = {k: obj[k] for k in ("meta", "dataset", "prompt_ids", *REQUEST_FIELDS, *LINKS) if k in obj}
         if obj.get("request") is not None:  # {"request": <what was sent>, "response": <what came back>}
-            extra = {**request_fields(obj["request"]), **extra}
+            request = obj["request"]
+            links = {k: request[k] for k in LINKS if isinstance(request, dict) and k in request}
+            extra = {**request_fields(request), **links, **extra}
         return obj.get("id"), obj["response"], extra
     return None, obj, {}
 
@@ -393,6 +398,8 @@ def pair_files(ground_truth: str | Path, api: str | Path, out: str | Path) -> Pa
         paired.append(Record(rid, gt.dataset, gt.output_ids, answer.response, gt.prompt_ids or answer.prompt_ids,
                              gt.messages or answer.messages, {**answer.meta, **gt.meta},
                              gt.tools if gt.tools is not None else answer.tools,
-                             gt.chat_template_kwargs if gt.chat_template_kwargs is not None else answer.chat_template_kwargs))
+                             gt.chat_template_kwargs if gt.chat_template_kwargs is not None else answer.chat_template_kwargs,
+                             gt.conversation if gt.conversation is not None else answer.conversation,
+                             gt.turn if gt.turn is not None else answer.turn))
     write_records(paired, out)
     return PairResult(len(paired), sorted(set(truth) - set(answers)), sorted(set(answers) - set(truth)), errors)

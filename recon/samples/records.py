@@ -16,6 +16,7 @@
      "messages": [...],               # optional: the request's chat messages
      "tools": [...],                  # optional: the request's tool schemas (OpenAI function tools)
      "chat_template_kwargs": {},      # optional: the request's template switches (enable_thinking, ...)
+     "conversation": str, "turn": int,  # optional: the trajectory a generation belongs to, its place
      "meta": {}}                      # optional, carried through
 
 At least one of ``output_ids`` / ``response``. Reading streams; every problem is reported with
@@ -33,9 +34,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from recon.errors import ReconError, one_line
-from recon.kernel import ids_ok
 from recon.samples.io import RecordError, bad_record_count, iter_raw_lines, parse_line
 from recon.samples.seen import SeenIds
+from recon.samples.validate import _ids, _messages, _opt_str, _Problems, conversation_fields  # noqa: F401 - names of this module before
 
 
 @dataclass
@@ -100,6 +101,9 @@ class Record:
     #: request: what the chat template rendered the prompt with besides ``messages``
     tools: list | None = None
     chat_template_kwargs: dict | None = None
+    #: the multi-turn trajectory this generation belongs to, and its turn (0, 1, ...)
+    conversation: str | None = None
+    turn: int | None = None
     #: where the record was read from (file, line); not part of the format
     origin: tuple[str, int] | None = field(default=None, compare=False, repr=False)
     #: every id of ``output_ids`` was checked to be below this when read (so a reader that knows
@@ -120,46 +124,12 @@ class Record:
             out["tools"] = self.tools
         if self.chat_template_kwargs is not None:
             out["chat_template_kwargs"] = self.chat_template_kwargs
+        for name in ("conversation", "turn"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         if self.meta:
             out["meta"] = self.meta
         return out
-
-
-# -- validation -----------------------------------------------------------------------------------------
-class _Problems:
-    def __init__(self, path: str, line: int):
-        self.path, self.line, self.items = path, line, []
-
-    def add(self, field_name: str, problem: str) -> None:
-        self.items.append(RecordError(self.path, self.line, field_name, problem))
-
-
-def _ids(value: Any, name: str, vocab_size: int | None, p: _Problems, allow_empty: bool = False) -> list[int] | None:
-    if not isinstance(value, list):
-        p.add(name, f"expected a list of ints, got {type(value).__name__}")
-        return None
-    if not value and not allow_empty:
-        p.add(name, "empty")
-        return None
-    if ids_ok(value, -1 if vocab_size is None else vocab_size):
-        return value  # the common case, checked in one C loop; otherwise find the first bad item
-    for k, i in enumerate(value):
-        if type(i) is not int:
-            p.add(name, f"item {k} is {i!r} ({type(i).__name__}), not an int")
-            return None
-        if i < 0 or (vocab_size is not None and i >= vocab_size):
-            top = f"0..{vocab_size - 1}" if vocab_size else "ids are >= 0"
-            p.add(name, f"item {k} is {i}, outside the vocabulary ({top})")
-            return None
-    return value
-
-
-def _opt_str(obj: dict, key: str, name: str, p: _Problems) -> str | None:
-    value = obj.get(key)
-    if value is not None and not isinstance(value, str):
-        p.add(name, f"expected a string or null, got {type(value).__name__}")
-        return None
-    return value
 
 
 def _response(raw: Any, vocab_size: int | None, p: _Problems) -> Response | None:
@@ -253,28 +223,14 @@ def parse_record(obj: dict, *, path: str, line: int, default_dataset: str, vocab
     kwargs = obj.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         p.add("chat_template_kwargs", f"expected an object, got {type(kwargs).__name__}")
+    conversation, turn = conversation_fields(obj, p)
     meta = obj.get("meta") or {}
     if not isinstance(meta, dict):
         p.add("meta", "expected an object")
     if p.items:
         return p.items
-    return Record(rid, dataset, output_ids, response, prompt_ids, messages, meta, tools, kwargs,
+    return Record(rid, dataset, output_ids, response, prompt_ids, messages, meta, tools, kwargs, conversation, turn,
                   ids_below=vocab_size if output_ids is not None else None)
-
-
-def _messages(messages: Any, p: _Problems) -> None:
-    """Chat messages as a template reads them: objects with a string ``role``. Content is the
-    template's business (a string, a list of parts, or null with tool calls)."""
-    if not isinstance(messages, list):
-        p.add("messages", "expected a list")
-        return
-    for k, m in enumerate(messages):
-        if not isinstance(m, dict):
-            p.add(f"messages[{k}]", f"expected an object, got {type(m).__name__}")
-            return
-        if not isinstance(m.get("role"), str):
-            p.add(f"messages[{k}].role", "missing or not a string")
-            return
 
 
 # -- reading ----------------------------------------------------------------------------------------
