@@ -337,8 +337,8 @@ def audit_stream(
                                      trajectories={"whole": conversations["whole"], "cut": conversations["cut"],
                                                    "by_cause": conversations["cut_by_cause"]})
             kept = generations + whole
-    return AuditRun(summary, errors, writer.path if writer is not None else None,
-                    kept if export_path is not None else None)
+    path = Path(export_path) if prefix.policy is not None else (writer.path if writer is not None else None)
+    return AuditRun(summary, errors, path, kept if export_path is not None else None)
 
 
 def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list[RecordError]):

@@ -91,10 +91,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
         _print_summary(summary)
         if "prompts" in summary:
             _print_prompts(summary["prompts"])
+        if "conversations" in summary:
+            _print_conversations(summary["conversations"])
         if args.check:
             print(f"check: all {summary['check']['rows']} rows identical with --encoder {args.encoder} and {args.check}")
         if out:
-            print(f"per-sample results: {out / 'samples.parquet'}; summary: {out / 'summary.json'}")
+            extra = f"; per-boundary: {out / 'boundaries.parquet'}" if "conversations" in summary else ""
+            print(f"per-sample results: {out / 'samples.parquet'}{extra}; summary: {out / 'summary.json'}")
     return 0
 
 
@@ -107,6 +110,15 @@ def _print_prompts(p: dict) -> None:
     if p["by_status"].get("error"):
         line += f"; {p['by_status']['error']} could not be rendered"
     print(line)
+
+
+def _print_conversations(c: dict) -> None:
+    causes = ", ".join(f"{k} {n}" for k, n in c["by_cause"].items())
+    line = (f"conversations: {c['boundaries']} turn boundaries, prefix kept at {c['prefix_kept']}, broken at "
+            f"{c['prefix_broken']}" + (f" ({causes})" if causes else ""))
+    if c["unchecked"]:
+        line += f"; {c['unchecked']} not checked"
+    print(line + f"; {c['trajectories']} trajectories: {c['whole']} whole, {c['cut']} cut")
 
 
 def same_rows(a: Path, b: Path, a_name: str, b_name: str) -> int:
@@ -154,12 +166,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from recon.samples.export import Policy
 
     trainer = args.format != "table"
+    if args.trajectories and not trainer:
+        raise ReconError("--trajectories writes trainer rows: give --format speculators or specforge")
     if trainer and Path(args.out).suffix == ".parquet" and args.format == "specforge":
         raise ReconError(f"{args.out}: SpecForge reads prompts_path as JSONL; name the output .jsonl")
     run = audit_files(
         args.data, tokenizer=args.tokenizer, family=args.family, profile=args.profile, method=args.method,
         mode=args.mode, options=_parse_options(args), export_path=args.out,
-        policy=Policy(args.policy, args.min_confidence, args.format, args.max_length, args.min_loss_tokens),
+        policy=Policy(args.policy, args.min_confidence, args.format, args.max_length, args.min_loss_tokens,
+                      args.trajectories),
         prompts=_prompts(args, audit=False), **_engine_options(args),
     )
     _print_errors(run.errors)
@@ -167,10 +182,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not trainer:
         print(f"wrote {n} samples to {run.rows_path}: {run.kept} kept under policy {args.policy}, {n - run.kept} not")
         return 0
-    dropped = run.summary["export"]["dropped"]
+    export = run.summary["export"]
+    dropped = export["dropped"]
     why = "".join(f", {k} {v}" for k, v in dropped.items())
-    print(f"wrote {run.kept} {args.format} rows to {run.rows_path} from {n} samples: "
-          f"{n - run.kept - sum(dropped.values())} dropped under policy {args.policy}{why}")
+    if args.json:
+        print(json.dumps(run.summary, ensure_ascii=False))
+        return 0
+    if "trajectories" not in export:
+        print(f"wrote {run.kept} {args.format} rows to {run.rows_path} from {n} samples: "
+              f"{n - run.kept - sum(dropped.values())} dropped under policy {args.policy}{why}")
+        return 0
+    t = export["trajectories"]
+    causes = ", ".join(f"{k} {v}" for k, v in t["by_cause"].items())
+    print(f"wrote {export['rows']} {args.format} rows to {args.out} from {n} samples: {export['trajectory_rows']} "
+          f"whole trajectories (one row each) and {export['generation_rows']} generation rows; trajectories: "
+          f"{t['whole']} whole, {t['cut']} cut into turns" + (f" ({causes})" if causes else "")
+          + f"; dropped under policy {args.policy}{why or ': none'}")
     return 0
 
 
@@ -211,6 +238,10 @@ def add_export(sub) -> None:
     p.add_argument("--max-length", type=int, metavar="N", help="trainer formats: cut rows to N tokens, as the trainer would")
     p.add_argument("--min-loss-tokens", type=int, default=1, metavar="N",
                    help="trainer formats: drop rows with fewer sampled tokens than this (after --max-length; default 1)")
+    p.add_argument("--trajectories", action="store_true",
+                   help="trainer formats: a multi-turn trajectory whose prefix holds at every turn boundary becomes one "
+                        "row (loss on every turn's sampled ids, 0 on the text between them) instead of a row per turn")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--out", required=True, help=".parquet or .jsonl")
     _add_engine_arguments(p)
     p.set_defaults(func=cmd_export, quick_exit=True)
