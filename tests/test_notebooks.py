@@ -81,6 +81,15 @@ def test_report_runs_every_params_file(tmp_path, kimi_dir):
     recovery = compared["recovery"]
     assert (recovery["all"]["non-canonical"], recovery["all"]["recovered exactly"], recovery["all"]["exact made wrong"]) == (129, 66, 0)
     assert recovery["heldout-t0.7"]["recovered exactly"] == 6 and recovery["heldout-t1.3"]["recovered exactly"] == 60
+    # 05: the prefix audit of multi-turn trajectories, one params file per template family
+    kimi = read_records(tmp_path / "conversations-kimi-k2-thinking" / "05_conversations.ipynb")
+    assert kimi["conversations"]["by_cause"] == {"reasoning_dropped": 3, "tool_arguments_reserialized": 2}
+    assert kimi["drilldown"].startswith("kimi-k2-thinking-math-1 (turn 1 of kimi-k2-thinking-math) breaks at token 36")
+    served = read_records(tmp_path / "conversations-smollm2" / "05_conversations.ipynb")["conversations"]
+    assert (served["boundaries"], served["prefix_kept"], served["by_cause"]) == (17, 13, {"retokenized": 4})
+    for family in ("qwen3", "deepseek-v3.1"):
+        found = read_records(tmp_path / f"conversations-{family}" / "05_conversations.ipynb")["conversations"]
+        assert found["boundaries"] == 6 and found["by_cause"].get("reasoning_dropped", 0) >= 4
 
 
 def test_report_skips_a_user_tokenizer_that_is_not_configured(tmp_path):

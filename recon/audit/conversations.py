@@ -112,10 +112,11 @@ def classify(bound: "BoundProfile", seq: np.ndarray, p_len: int, nxt: np.ndarray
     rest_p, rest_n = whole_p[byte_at:], whole_n[byte_at:]
     tail_p, tail_n = tok.ids_bytes(seq[at:].tolist()), tok.ids_bytes(nxt[at:].tolist())
     if tail_n.startswith(tail_p):  # turn k's text is all there, cut into other tokens
-        specials = tok.special_ids
-        window = slice(at, at + 8)
-        cause = ("special_token_text" if any(i in specials for i in seq[window].tolist())
-                 != any(i in specials for i in nxt[window].tolist()) else "retokenized")
+        specials, lengths, j, size = tok.special_ids, tok.token_lengths, at, 0
+        while j < len(nxt) and size < len(tail_p):  # the next prompt's tokens that spell turn k's rest
+            size, j = size + lengths[int(nxt[j])], j + 1
+        cause = ("special_token_text" if sum(int(i) in specials for i in seq[at:])
+                 != sum(int(i) in specials for i in nxt[at:j]) else "retokenized")
     elif region == "reasoning":
         cause = "reasoning_dropped"
     elif region == "tool_call":
