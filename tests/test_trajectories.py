@@ -196,14 +196,16 @@ def test_memory_spill_gives_the_same_rows(tmp_path):
     records = [parse_record(r, path="x", line=k, default_dataset="d") for k, r in enumerate(_lines(data))]
     records.sort(key=lambda r: r.turn)  # every conversation open at once: turn 0s first, then 1s, ...
     bound = _bound("smollm2", None, "chatml")
-    infos = turn_infos(records, [r.prompt_ids for r in records], [r.output_ids for r in records], bound)
+    chunks = [turn_infos([r], [r.prompt_ids], [r.output_ids], bound) for r in records]  # a chunk a record
     results = []
     for budget in (10**9, 200):
         rows: list = []
         conv = Conversations(bound, on_row=rows.append, memory_ids=budget)
-        conv.add_all(infos)
-        results.append((conv.finish(), rows, conv._spill is None))
+        for chunk in chunks:
+            conv.add_all(chunk)
+        results.append((conv.finish(), rows, conv.spilled))
     assert results[0][:2] == results[1][:2] and results[0][0]["boundaries"] == 3 * 17
+    assert results[0][2] == 0 and results[1][2] > 40
 
 
 def test_export_one_row_per_whole_trajectory(specs, tmp_path):

@@ -27,24 +27,18 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from recon.audit.turns import TurnInfo
+from recon.audit.prefix import CAUSES, REGIONS, classify, pieces_around  # noqa: F401 - this module's names too
+from recon.audit.turns import TurnInfo, unordered
 
 if TYPE_CHECKING:
     from recon.audit.profiles import BoundProfile
 
-#: why turn k's sampled ids are not a prefix of turn k+1's prompt
-CAUSES = ("reasoning_dropped", "tool_arguments_reserialized", "content_stripped", "content_changed",
-          "stop_token_or_separator", "retokenized", "special_token_text", "template_text")
-#: where the first divergence lies, in ``prompt_ids(k) + output_ids(k)``
-REGIONS = ("prompt", "reasoning", "content", "tool_call", "end", "template")
 STATUSES = ("kept", "broken", "unchecked")
 #: why a trajectory was cut into turns besides a broken boundary
 CUT_CAUSES = ("no_prompt", "turn_not_kept", "unordered")
 COLUMNS = ["dataset", "conversation", "turn", "parent_id", "id", "link", "status", "cause", "region", "first_diff",
            "first_diff_byte", "prompt_tokens", "sampled_tokens", "next_prompt_tokens", "parent_piece", "next_piece",
            "context_parent", "context_next", "note"]
-#: bytes of context either side of a divergence
-CONTEXT = 40
 #: ids kept in memory for open trajectories before the least recently used are spilled (4 bytes each)
 MEMORY_IDS = 16_000_000
 
@@ -78,93 +72,6 @@ class _Node:
     sources: tuple = ()
 
 
-def _first_diff(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
-
-
-def _common_bytes(a: bytes, b: bytes) -> int:
-    return _first_diff(np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8))
-
-
-def classify(bound: "BoundProfile", seq: np.ndarray, p_len: int, nxt: np.ndarray) -> dict:
-    """Where and why ``seq`` (turn k's prompt + output, the prompt ``p_len`` ids) is not a prefix
-    of ``nxt`` (turn k+1's prompt): the boundary row's divergence columns."""
-    tok = bound.tok
-    at = _first_diff(seq, nxt)
-    whole_p, whole_n = tok.ids_bytes(seq.tolist()), tok.ids_bytes(nxt.tolist())
-    byte_at = _common_bytes(whole_p, whole_n)
-    prompt_bytes = len(tok.ids_bytes(seq[:p_len].tolist()))
-    region, span_end = "template", len(whole_p)
-    if at < p_len:
-        region, span_end = "prompt", prompt_bytes
-        tag = (bound.profile.reasoning_tag or "").strip().encode()
-        if tag and at >= p_len - 2 and tag in tok.ids_bytes(seq[at:p_len].tolist()):
-            region = "reasoning"  # the generation prompt opened the reasoning (DeepSeek, Kimi-K2.5)
-    elif at < len(seq):
-        out = seq[p_len:].tolist()
-        offset = sum(map(tok.token_lengths.__getitem__, out[: at - p_len]))
-        for name, start, end in bound.after_prompt_ids(seq[:p_len].tolist()).regions_of_ids(out):
-            if start <= offset < end:
-                region, span_end = name, prompt_bytes + end
-                break
-    rest_p, rest_n = whole_p[byte_at:], whole_n[byte_at:]
-    tail_p, tail_n = tok.ids_bytes(seq[at:].tolist()), tok.ids_bytes(nxt[at:].tolist())
-    if tail_n.startswith(tail_p):  # turn k's text is all there, cut into other tokens
-        specials, lengths, j, size = tok.special_ids, tok.token_lengths, at, 0
-        while j < len(nxt) and size < len(tail_p):  # the next prompt's tokens that spell turn k's rest
-            size, j = size + lengths[int(nxt[j])], j + 1
-        cause = ("special_token_text" if sum(int(i) in specials for i in seq[at:])
-                 != sum(int(i) in specials for i in nxt[at:j]) else "retokenized")
-    elif region == "reasoning":
-        cause = "reasoning_dropped"
-    elif region == "tool_call":
-        cause = "tool_arguments_reserialized"
-    elif region == "end":
-        cause = "stop_token_or_separator"
-    elif region == "content":
-        cause = "content_stripped" if not whole_p[byte_at:span_end].strip() else "content_changed"
-    elif rest_p.lstrip()[:16] == rest_n.lstrip()[:16]:
-        cause = "stop_token_or_separator"  # only whitespace between blocks differs
-    elif region == "prompt" and _reasoning_in(bound, whole_p[byte_at:prompt_bytes], whole_n):
-        cause = "reasoning_dropped"  # an earlier turn's reasoning, kept in turn k's prompt, not in k+1's
-    else:
-        cause = "template_text"
-    return {"status": "broken", "cause": cause, "region": region, "first_diff": at, "first_diff_byte": byte_at,
-            "parent_piece": tok.piece(int(seq[at])) if at < len(seq) else None,
-            "next_piece": tok.piece(int(nxt[at])) if at < len(nxt) else None,
-            "context_parent": whole_p[max(0, byte_at - CONTEXT): byte_at + CONTEXT].decode("utf-8", "replace"),
-            "context_next": whole_n[max(0, byte_at - CONTEXT): byte_at + CONTEXT].decode("utf-8", "replace")}
-
-
-def _reasoning_in(bound: "BoundProfile", part: bytes, other: bytes) -> bool:
-    """``part`` (from a divergence on) holds reasoning text, up to the close tag, that ``other`` lacks."""
-    p = bound.profile
-    open_, close = (p.reasoning_tag or p.reasoning_open or "").strip().encode(), (p.reasoning_close or "").strip().encode()
-    end = part.find(close) if close else -1
-    if not open_ or end < 0:
-        return False
-    text = part[:end]
-    start = text.find(open_)
-    text = (text[start + len(open_):] if start >= 0 else text).strip()
-    return bool(text) and text not in other
-
-
-def pieces_around(tok, seq, nxt, at: int, width: int = 6) -> list[dict]:
-    """Token by token around a divergence: position, turn k's id and piece, turn k+1's, same or not."""
-    rows = []
-    for k in range(max(0, at - width), at + width + 1):
-        a = int(seq[k]) if k < len(seq) else None
-        b = int(nxt[k]) if k < len(nxt) else None
-        if a is None and b is None:
-            break
-        rows.append({"position": k, "turn_k_id": a, "turn_k_piece": None if a is None else tok.piece(a),
-                     "next_prompt_id": b, "next_prompt_piece": None if b is None else tok.piece(b),
-                     "same": a == b, "first_diff": k == at})
-    return rows
-
-
 @dataclass
 class Trajectory:
     """A path of two turns or more, ended: whole (one sequence) or cut into turns, and why."""
@@ -191,15 +98,15 @@ class Conversations:
     on_trajectory: Callable[[Trajectory], None] | None = None
     want_seq: Callable[[Trajectory], bool] | None = None
     memory_ids: int = MEMORY_IDS
-    keep_pairs: bool = False
     counts: Counter = field(default_factory=Counter)
-    pairs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self._nodes: dict = {}
         self._hot: OrderedDict = OrderedDict()
         self._hot_ids = 0
         self._spill = None
+        #: how many generations' ids went to the scratch file
+        self.spilled = 0
 
     # -- the ids of open trajectories, in memory or spilled -----------------------------------------
     def _remember(self, node: _Node) -> None:
@@ -214,6 +121,7 @@ class Conversations:
                 self._spill = tempfile.TemporaryFile(prefix="recon-turns-")
             self._spill.seek(0, os.SEEK_END)
             old.spill = (self._spill.tell(), len(old.seq))
+            self.spilled += 1
             self._spill.write(old.seq.tobytes())
             old.seq = None
 
@@ -236,14 +144,14 @@ class Conversations:
 
     def add(self, info: TurnInfo) -> None:
         self.counts["generations"] += 1
+        found = None
         if info.link == "explicit":
             key = ("c", info.dataset, info.key)
             parent = self._nodes.get(key)
-            if parent is not None and info.turn is not None and info.turn <= parent.turn:
-                self._row(parent, info, {"status": "unchecked", "note": f"turn {info.turn} is not above the "
-                                         f"conversation's last ({parent.turn}): list each conversation's turns in order"})
-                self.counts["unordered"] += 1
-                return
+            found = info.pre
+            if parent is not None and found is None and unordered(parent.turn, info.turn):
+                found = {"status": "unchecked", "note": f"turn {info.turn} is not above the previous record's "
+                                                        f"({parent.turn}): a new trajectory starts here"}
             turn = info.turn if info.turn is not None else (parent.turn + 1 if parent is not None else 0)
             conversation = info.key
         else:
@@ -252,17 +160,18 @@ class Conversations:
                           None)
             turn = parent.turn + 1 if parent is not None else 0
             conversation = parent.conversation if parent is not None else info.id
-        known = info.prompt is not None and info.output is not None
-        seq = np.concatenate([info.prompt, info.output]) if known else None
-        node = _Node(info.dataset, info.id, conversation, turn, 0 if info.prompt is None else len(info.prompt),
-                     0 if info.output is None else len(info.output), known, seq)
+        seq = np.concatenate([info.prompt, info.output]) if info.prompt is not None and info.output is not None else None
+        node = _Node(info.dataset, info.id, conversation, turn, info.p_len, info.o_len, info.known, seq)
         span = (node.p_len, node.p_len + node.o_len)
-        why = () if known else ("no_prompt",)
+        why = () if info.known else ("no_prompt",)
         why += () if info.keep else ("turn_not_kept",)
-        if parent is None:
+        restart = parent is not None and unordered(parent.turn, info.turn)
+        if parent is not None:
+            result = self._row(parent, info, found if found is not None else self._check(parent, info))
+        if parent is None or restart:
             node.whole, node.spans, node.causes = not why, (span,), why
+            self.counts["unordered"] += restart
         else:
-            result = self._boundary(parent, node, info)
             parent.children += 1
             kept = result["status"] == "kept"
             if result["status"] == "broken":
@@ -279,23 +188,20 @@ class Conversations:
         old = self._nodes.get(key)
         if old is not None:
             self._forget(old)
-            if old.children == 0 and old is not parent:
+            if old.children == 0:
                 self._end(old)
         self._nodes[key] = node
         self._remember(node)
 
-    def _boundary(self, parent: _Node, node: _Node, info: TurnInfo) -> dict:
-        if not parent.known or info.prompt is None:
-            side = "turn k" if not parent.known else "turn k+1"
-            return self._row(parent, info, {"status": "unchecked", "note": f"no prompt or sampled ids for {side}"})
-        seq, nxt = self._seq(parent), info.prompt
-        n = len(seq)
-        if len(nxt) >= n and np.array_equal(nxt[:n], seq):
-            return self._row(parent, info, {"status": "kept"})
-        found = classify(self.bound, seq, parent.p_len, nxt)
-        if self.keep_pairs:
-            self.pairs[(info.dataset, info.id)] = (seq, nxt, parent.p_len)
-        return self._row(parent, info, found)
+    def _check(self, parent: _Node, info: TurnInfo) -> dict:
+        """The boundary from the parent's ids (from an earlier chunk) and the child's prompt."""
+        seq = self._seq(parent) if parent.known else None
+        if seq is None or info.prompt is None:
+            return {"status": "unchecked", "note": "no prompt or sampled ids for turn " + ("k" if seq is None else "k+1")}
+        nxt = info.prompt
+        if len(nxt) >= len(seq) and np.array_equal(nxt[: len(seq)], seq):
+            return {"status": "kept"}
+        return classify(self.bound, seq, parent.p_len, nxt)
 
     def _row(self, parent: _Node, info: TurnInfo, found: dict) -> dict:
         row = dict.fromkeys(COLUMNS)

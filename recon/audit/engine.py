@@ -360,7 +360,7 @@ def _drop_duplicates(result: ChunkResult, seen: dict[str, SeenIds], errors: list
                       for (path, line, dataset, rid, _), ok in zip(result.keys, keep) if not ok]
             counts = [c for c, ok in zip(counts, keep) if ok]
             if result.turns is not None:
-                result.turns = [t for t, ok in zip(result.turns, keep) if ok]
+                result.turns = result.turns.filter(keep)
             if prompted is not None:
                 prompted = [c for c, ok in zip(prompted, keep) if ok]
             if table is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -50,6 +51,14 @@ class TurnInfo:
     #: an export's: the policy keeps this generation's ids
     keep: bool = True
     prompt_source: str = "none"
+    #: the lengths of the prompt and of the sampled ids, and whether both are known (the ids
+    #: themselves travel only where the driver needs them: see :func:`turn_infos`)
+    p_len: int = 0
+    o_len: int = 0
+    known: bool = False
+    #: explicit links: the boundary with the previous record of the conversation, when that one is
+    #: in the same chunk (checked in the worker: :func:`recon.audit.prefix.check`)
+    pre: dict | None = None
 
 
 def _args(arguments: Any) -> Any:
@@ -97,41 +106,111 @@ def link_keys(messages: list, response: Response) -> tuple[int, tuple]:
     return own, parents
 
 
-def _array(ids) -> np.ndarray | None:
-    return None if ids is None else np.asarray(ids, dtype=np.int32)
+class ChunkTurns:
+    """A chunk's :class:`TurnInfo` s with every id in one int32 buffer: one array pickles at memory
+    speed where thousands of small ones cost more than the audit of their records. Iterating
+    gives the infos with ``prompt`` and ``output`` as views into the buffer."""
+
+    def __init__(self, infos: list, lists: list):
+        self.infos, self.spans = infos, []
+        sizes = [0 if ids is None else len(ids) for ids in lists]
+        self.ids = np.fromiter(chain.from_iterable(ids for ids in lists if ids is not None), dtype=np.int32,
+                               count=sum(sizes))
+        at = 0
+        for size, ids in zip(sizes, lists):
+            self.spans.append(None if ids is None else (at, at + size))
+            at += size
+
+    def __len__(self) -> int:
+        return len(self.infos)
+
+    def __iter__(self):
+        spans = iter(self.spans)
+        for info in self.infos:
+            if info is None:
+                yield None
+                continue
+            p, o = next(spans), next(spans)
+            info.prompt = None if p is None else self.ids[p[0]: p[1]]
+            info.output = None if o is None else self.ids[o[0]: o[1]]
+            yield info
+
+    def filter(self, keep: list[bool]) -> "ChunkTurns":
+        """Without the records ``keep`` says no to (duplicates)."""
+        out = ChunkTurns.__new__(ChunkTurns)
+        out.ids, out.infos, out.spans = self.ids, [], []
+        spans = iter(self.spans)
+        for info, ok in zip(self.infos, keep):
+            mine = [] if info is None else [next(spans), next(spans)]
+            if ok:
+                out.infos.append(info)
+                out.spans += mine
+        return out
+
+
+def unordered(parent_turn: int | None, turn: int | None) -> bool:
+    """An explicit turn not above the previous record's: not checked, and a new trajectory starts."""
+    return parent_turn is not None and turn is not None and turn <= parent_turn
 
 
 def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], outputs: Sequence[list[int] | None],
                bound: "BoundProfile", keeps: Sequence[bool] | None = None,
-               sources: Sequence[str] | None = None) -> list[TurnInfo | None]:
-    """Each record's :class:`TurnInfo`, or None for a record that can't be in a trajectory (no
-    ``conversation`` and no ``messages``). ``outputs``: the sampled ids the audit settled on
-    (ground truth, else the reconstruction; an export's: the policy's)."""
-    out: list[TurnInfo | None] = []
+               sources: Sequence[str] | None = None) -> ChunkTurns:
+    """Each record's :class:`TurnInfo` (None for a record that can't be in a trajectory: no
+    ``conversation`` and no ``messages``), as a :class:`ChunkTurns`. ``outputs``: the sampled ids
+    the audit settled on (ground truth, else the reconstruction; an export's: the policy's).
+
+    A record linked explicitly whose predecessor in its conversation is in the same chunk is
+    checked against it here (``pre``), in the worker; the driver gets only the ids it needs to
+    link chunks: the prompt of a conversation's first record in the chunk, the prompt and
+    sampled ids of its last. Inferred links send everything (any earlier record may be a parent)."""
+    from recon.audit.prefix import check
+
+    infos: list[TurnInfo | None] = []
+    last: dict = {}  # (dataset, conversation) -> index of its latest record in this chunk
     for k, (rec, prompt, ids) in enumerate(zip(records, prompts, outputs)):
         keep = True if keeps is None else keeps[k]
         source = (sources[k] if sources is not None else ("none" if prompt is None else "given"))
+        known = prompt is not None and ids is not None
+        lengths = dict(p_len=0 if prompt is None else len(prompt), o_len=0 if ids is None else len(ids), known=known)
         if rec.conversation is not None:
-            out.append(TurnInfo(rec.dataset, rec.id, "explicit", rec.conversation, None, rec.turn, _array(prompt),
-                                _array(ids), keep, source))
+            info = TurnInfo(rec.dataset, rec.id, "explicit", rec.conversation, None, rec.turn, prompt, ids, keep, source,
+                            **lengths)
+            before = last.get((rec.dataset, rec.conversation))
+            if before is not None:
+                parent = infos[before]
+                if unordered(parent.turn, rec.turn):
+                    info.pre = {"status": "unchecked", "note": f"turn {rec.turn} is not above the previous record's "
+                                                               f"({parent.turn}): a new trajectory starts here"}
+                elif not parent.known or prompt is None:
+                    info.pre = {"status": "unchecked", "note": "no prompt or sampled ids for turn " +
+                                ("k" if not parent.known else "k+1")}
+                else:
+                    info.pre = check(list(parent.prompt) + list(parent.output), parent.p_len, list(prompt), bound)
+            last[(rec.dataset, rec.conversation)] = k
+            infos.append(info)
             continue
-        if not rec.messages:
-            out.append(None)
-            continue
-        response = rec.response
-        if response is None and ids is not None:
+        response = rec.response if rec.messages else None
+        if rec.messages and response is None and ids is not None:
             response = bound.after_prompt_ids(prompt).parse_ids(list(ids))
         if response is None:
-            out.append(None)
+            infos.append(None)
             continue
         own, parents = link_keys(rec.messages, response)
-        out.append(TurnInfo(rec.dataset, rec.id, "inferred", own, parents, None, _array(prompt), _array(ids), keep,
-                            source))
-    return out
+        infos.append(TurnInfo(rec.dataset, rec.id, "inferred", own, parents, None, prompt, ids, keep, source, **lengths))
+    ends = set(last.values())
+    lists = []
+    for k, info in enumerate(infos):
+        if info is None:
+            continue
+        needed = info.link == "inferred" or k in ends
+        lists += (info.prompt if needed or info.pre is None else None, info.output if needed else None)
+        info.prompt = info.output = None
+    return ChunkTurns(infos, lists)
 
 
 def chunk_turns(records: Sequence[Record], rows: list[dict], prompts: list | None, exported: list | None,
-                bound: "BoundProfile") -> list[TurnInfo | None]:
+                bound: "BoundProfile") -> ChunkTurns:
     """A chunk's :func:`turn_infos` from its audit: ``prompts`` (:class:`~recon.prompts.render.Prompt`
     s, or None: the engine's ids only), the sampled ids the audit settled on (ground truth, else
     the reconstruction, ``rows``' ``recon_ids``) or, ``exported``, the policy's."""
