@@ -45,6 +45,13 @@ num_threads=2)). --baseline DIR also times `recon audit` run from another checko
     python benchmarks/audit_speed.py --samples 0 --memory-samples '' --tokenizer kimi --cold-memory 10000,1000000
     python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer kimi --baseline /tmp/head
     python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer all   # docs/benchmarks.md's table
+    python benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer all \
+        --data ascii,mixed,mixed:1,cjk              # a table per script (issue 36); --baseline DIR adds a column
+
+--data picks the cold data: ascii (the standard library's code and licences), mixed (the same, one
+record in --mix-every, default 3, carrying runs of other scripts; mixed:N says N inline) or cjk
+(benchmarks/cjk_data.py: the gettext catalogs' Chinese, Japanese and Korean translations, as many
+records as they hold, ~14,000 here); several, comma-separated, give a table each.
 """
 
 from __future__ import annotations
@@ -239,19 +246,33 @@ def audit_process(path: Path, options: list[str] = (), memory: bool = True, toke
         return peak, seconds, most, out.read(), cpu
 
 
+def write_data(path: Path, n: int, tokenizer: str, data: str, every: int) -> list[int]:
+    """The cold records of ``data`` (ascii: standard-library code and licences; mixed: the same,
+    one record in ``every`` with runs of other scripts; cjk: benchmarks/cjk_data.py's translated
+    catalogs) for ``tokenizer``, written to ``path``; the indices made non-canonical."""
+    if data == "cjk":
+        from cjk_data import write_cjk
+
+        return write_cjk(path, n, tokenizer=tokenizer)
+    from cold_data import write_cold
+
+    return write_cold(path, n, tokenizer=tokenizer, mixed=data == "mixed", every=every)
+
+
 def cold(n: int, options: list[str], head: int = 2000, repeat: int = 3, tokenizer: str = "smollm2",
-         mixed: bool = False, baseline: Path | None = None) -> dict:
+         mixed: bool = False, baseline: Path | None = None, data: str | None = None, every: int = 3) -> dict:
     """The cold row on ``n`` distinct records in one file: floor (in a subprocess), naive loop (on
     the first ``head`` records, scaled) and the whole `recon audit` process, plus the exact counts;
     floor and recon (and recon from ``baseline``) timed ``repeat`` times each, in turn, the fastest kept."""
-    from cold_data import write_cold
-
     from recon import load_tokenizer
 
+    data = data or ("mixed" if mixed else "ascii")
     with tempfile.TemporaryDirectory() as tmp:
         spec = tokenizer_spec(tokenizer, Path(tmp))
         path = Path(tmp) / f"cold-{n}.jsonl"
-        odd = write_cold(path, n, tokenizer=spec[0], mixed=mixed)
+        odd = write_data(path, n, spec[0], data, every)
+        with open(path) as f:
+            n = sum(1 for _ in f)  # (the CJK catalogs hold what they hold)
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "true"}
 
         def floor_run() -> dict:  # a fresh process each time: the native core's caches start cold
@@ -303,14 +324,14 @@ def cold(n: int, options: list[str], head: int = 2000, repeat: int = 3, tokenize
     return {"samples": n, "odd": odd, "floor": floor, "head": len(ids), "repeat": repeat, "naive_s": naive_s * scale,
             "naive_cpu": naive_cpu * scale, "naive_exact": naive_exact, "recon_s": recon_s, "recon_cpu": recon_cpu,
             "peak": peak, "most": most, "sampled_s": sampled_s, "summary": summary, "tokenizer": tokenizer,
-            "spec": spec, "mixed": mixed, "base_s": base[1] if base else None, "base_cpu": base[4] if base else None,
+            "spec": spec, "mixed": data == "mixed", "data": data, "every": every, "base_s": base[1] if base else None, "base_cpu": base[4] if base else None,
             "start_s": start_s}
 
 
 def print_cold(r: dict) -> None:
     n, floor, summary, odd = r["samples"], r["floor"], r["summary"], r["odd"]
-    print(f"\ncold, {r['tokenizer']}: {n} distinct records (standard library *.py and licence texts"
-          f"{', one in three with other scripts' if r['mixed'] else ''}), {floor['text_mb']:.1f} MB of text, "
+    print(f"\ncold, {r['tokenizer']}: {n} distinct records ({DATA_NAMES[r['data']].format(every=r['every'])}), "
+          f"{floor['text_mb']:.1f} MB of text, "
           f"{len(odd)} with a non-canonical split")
     print(f"{'':40} {'seconds':>9} {'samples/s':>11} {'MB/s':>7} {'CPU s':>7}")
     rows = [(f"(a) naive loop (first {r['head']}, x{n / r['head']:.4g})", r["naive_s"], r["naive_cpu"]),
@@ -363,24 +384,28 @@ def print_cold(r: dict) -> None:
 ALL = ["kimi", "deepseek-v4", "qwen3.6", "cl100k", "smollm2"]
 
 
-def print_table(rows: list[dict]) -> None:
-    """docs/benchmarks.md's table: one line per tokenizer, every figure from this run."""
-    lines = ["| tokenizer | records | floor s (2 threads) | recon audit s (whole) | recon/floor | start-up s | "
-             "past start-up | recon CPU s | exact (= floor) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+#: --data: what each kind of cold data is, for the tables' titles
+DATA_NAMES = {"ascii": "ASCII code and licence text (standard library)",
+              "mixed": "the same, one record in {every} with runs of other scripts",
+              "cjk": "CJK-heavy text (the gettext catalogs' zh_CN, zh_TW, ja, ko translations, benchmarks/cjk_data.py)"}
+
+
+def print_table(rows: list[dict], title: str | None = None) -> None:
+    """docs/benchmarks.md's table: one line per tokenizer, every figure from this run (with
+    ``--baseline``, that checkout's `recon audit` too, timed in turn with the others)."""
+    base = any(r["base_s"] is not None for r in rows)
+    head = ("| tokenizer | records | floor s (2 threads) | recon audit s (whole) | recon/floor | "
+            + ("baseline s | baseline/floor | " if base else "") + "start-up s | past start-up | recon CPU s | exact (= floor) |")
+    lines = ([f"{title}:", ""] if title else []) + [head, "|---|---:|---:|---:|---:|" + ("---:|---:|" if base else "") + "---:|---:|---:|---:|"]
     for r in rows:
         f = r["floor"]
         lines.append(f"| {r['tokenizer']} | {r['samples']:,} | {f['seconds']:.2f} | {r['recon_s']:.2f} | "
-                     f"**{r['recon_s'] / f['seconds']:.2f}** | {r['start_s']:.2f} | {(r['recon_s'] - r['start_s']) / f['seconds']:.2f} | "
+                     f"**{r['recon_s'] / f['seconds']:.2f}** | "
+                     + (f"{r['base_s']:.2f} | {r['base_s'] / f['seconds']:.2f} | " if base else "")
+                     + f"{r['start_s']:.2f} | {(r['recon_s'] - r['start_s']) / f['seconds']:.2f} | "
                      f"{r['recon_cpu']:.2f} | {r['summary']['exact']:,} |")
     MARKDOWN.append("\n".join(lines))
-    print("\n| tokenizer | records | floor s (2 threads) | recon audit s (whole) | recon/floor | start-up s | "
-          "past start-up | recon CPU s | exact (= floor) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        f = r["floor"]
-        print(f"| {r['tokenizer']} | {r['samples']:,} | {f['seconds']:.2f} | {r['recon_s']:.2f} | "
-              f"**{r['recon_s'] / f['seconds']:.2f}** | {r['start_s']:.2f} | {(r['recon_s'] - r['start_s']) / f['seconds']:.2f} | "
-              f"{r['recon_cpu']:.2f} | {r['summary']['exact']:,} |")
+    print("\n" + "\n".join(lines))
 
 
 def main() -> None:
@@ -393,6 +418,11 @@ def main() -> None:
     parser.add_argument("--tokenizer", default="smollm2", choices=sorted(TOKENIZERS) + ["all"],
                         help="cold row: the tokenizer ('all': each in turn, mixed scripts for every one, and a table)")
     parser.add_argument("--mixed", action="store_true", help="cold row: mix other scripts in (always, but for smollm2)")
+    parser.add_argument("--data", default=None,
+                        help="cold row: ascii, mixed or cjk, or several comma-separated (a table each, every tokenizer "
+                             "of --tokenizer); default: as --mixed says")
+    parser.add_argument("--mix-every", type=int, default=3,
+                        help="cold row, mixed data: one record in N carries other scripts (1: every record)")
     parser.add_argument("--baseline", type=Path, default=None, help="cold row: also time recon audit from this checkout")
     parser.add_argument("--repeat", type=int, default=3, help="cold row: floor and recon timed this many times each, in turn")
     parser.add_argument("--markdown", action="store_true",
@@ -425,7 +455,20 @@ def main() -> None:
         warm(args)
     if args.memory_samples:
         memory(args.memory_samples, "samples", write_ids_file, lambda path: peak_memory_mb(path, args.chunk_size, args.workers))
-    if args.cold:
+    if args.cold and args.data:
+        names = ALL if args.tokenizer == "all" else [args.tokenizer]
+        for item in args.data.split(","):  # (mixed:N: one record in N mixed, whatever --mix-every says)
+            data, _, every = item.partition(":")
+            every = int(every) if every else args.mix_every
+            rows = []
+            for name in names:
+                rows.append(cold(args.cold, options, repeat=args.repeat, tokenizer=name, baseline=args.baseline,
+                                 data=data, every=every))
+                print_cold(rows[-1])
+            del MARKDOWN[len(MARKDOWN) - len(rows):]  # one table for the script, every tokenizer a row
+            print_table(rows, f"{DATA_NAMES[data].format(every=every)}, {rows[0]['samples']:,} records"
+                              f" (each tokenizer's own ids)")
+    elif args.cold:
         names = ALL if args.tokenizer == "all" else [args.tokenizer]
         rows, mark = [], len(MARKDOWN)
         for name in names:

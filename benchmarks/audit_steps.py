@@ -8,6 +8,7 @@ per 1,000-record chunk and each step's share of the chunk.
 
     python benchmarks/audit_steps.py                        # kimi, 10 chunks of 1,000
     python benchmarks/audit_steps.py --tokenizer qwen3.6 --chunks 6
+    python benchmarks/audit_steps.py --data cjk              # CJK-heavy records (benchmarks/cjk_data.py)
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from audit_speed import TOKENIZERS, tokenizer_spec  # noqa: E402
-from cold_data import write_cold  # noqa: E402
+from audit_speed import TOKENIZERS, tokenizer_spec, write_data  # noqa: E402
 
 #: (module, owner inside it or None, function, step name)
 STEPS = [
@@ -64,6 +64,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer", default="kimi", choices=sorted(TOKENIZERS))
     parser.add_argument("--chunks", type=int, default=10, help="chunks of 1,000 records timed (after one to warm up)")
+    parser.add_argument("--data", default="mixed", choices=["ascii", "mixed", "cjk"],
+                        help="the cold data (as benchmarks/audit_speed.py --data)")
     parser.add_argument("--markdown", action="store_true", help="print the table of docs/benchmarks.md instead")
     args = parser.parse_args()
     from recon.audit import engine
@@ -71,10 +73,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         spec = tokenizer_spec(args.tokenizer, Path(tmp))
         path = Path(tmp) / "cold.jsonl"
-        write_cold(path, 1000 * (args.chunks + 1), tokenizer=spec[0], mixed=True)
+        write_data(path, 1000 * (args.chunks + 1), spec[0], args.data, 3)
         bound = engine._bound(spec[0], None, spec[1], "fast")
         chunks = list(engine.iter_raw_chunks([path], 1000, vocab_size=bound.tok.vocab_size))
-        work = (spec[0], None, spec[1], "auto", "auto", None, "fast")
+        work = (spec[0], None, spec[1], "auto", "auto", None, "fast", None)  # (no prompts audited)
         gc.freeze()  # as the audit's forked workers start
         engine.audit_chunk_counted(work, None, chunks[0])  # warm up: the first chunk learns the most
         spent: collections.Counter = collections.Counter()
@@ -85,7 +87,7 @@ def main() -> None:
         total = time.perf_counter() - start
     n = len(chunks) - 1
     if args.markdown:
-        print(f"{args.tokenizer}: {n} cold mixed-script chunks of 1,000 records after one to warm up, one process; "
+        print(f"{args.tokenizer}: {n} cold {args.data} chunks of 1,000 records after one to warm up, one process; "
               f"a chunk took {1000 * total / n:.1f} ms. Steps nest (`canonical` holds `learn`, which holds `glued`; "
               "`audit_chunk` holds all but `parse`).\n")
         print("| step | ms a chunk | share of the chunk |\n|---|---:|---:|")

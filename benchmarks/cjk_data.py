@@ -73,6 +73,23 @@ def texts() -> Iterator[str]:
 
 
 def cjk_records(n: int, seed: int = 11, tokenizer: str = "smollm2") -> Iterator[dict]:
+    for record, _ in cjk_records_marked(n, seed, tokenizer):
+        yield record
+
+
+def write_cjk(path: Path, n: int, seed: int = 11, tokenizer: str = "smollm2") -> list[int]:
+    """Write up to ``n`` CJK records to ``path`` as JSONL; the indices made non-canonical."""
+    odd = []
+    with open(path, "w", encoding="utf-8") as f:
+        for k, (record, changed) in enumerate(cjk_records_marked(n, seed, tokenizer)):
+            f.write(json.dumps(record) + "\n")
+            if changed:
+                odd.append(k)
+    return odd
+
+
+def cjk_records_marked(n: int, seed: int = 11, tokenizer: str = "smollm2") -> Iterator[tuple[dict, bool]]:
+    """``cjk_records``' records, each with whether its ids were made non-canonical."""
     import recon
 
     tok = recon.load_tokenizer(tokenizer)
@@ -82,12 +99,14 @@ def cjk_records(n: int, seed: int = 11, tokenizer: str = "smollm2") -> Iterator[
         if k >= n:
             return
         ids = tok.encode(text, allow_special=False)
+        changed = False
         if k % ODD_ONE == 0:
             multi = [j for j, i in enumerate(ids) if len(tok.id_to_bytes(i)) > 1 and splits(tok, i, cache)]
             if multi:
                 j = rng.choice(multi)
                 ids = ids[:j] + list(rng.choice(splits(tok, ids[j], cache))) + ids[j + 1:]
-        yield {"id": f"cjk-{k}", "output_ids": ids + end}
+                changed = True
+        yield {"id": f"cjk-{k}", "output_ids": ids + end}, changed
         k += 1
 
 

@@ -9,8 +9,9 @@ named) and ends with its end-of-turn token (``<|im_end|>``; ``<|endoftext|>`` fo
 DeepSeek-V4); one
 record in seven has one multi-byte token replaced by a non-canonical split into two tokens that
 spell the same bytes (so exactly those records do not round-trip; a record with no multi-byte
-token, rare, passes the split on to the next). With ``mixed``, one record in three also carries
-runs of other scripts (CJK, Hangul, Cyrillic, Arabic, emoji, combining marks, digit runs).
+token, rare, passes the split on to the next). With ``mixed``, one record in three (or in ``every``,
+audit_speed.py's ``--mix-every``) also carries three runs of other scripts (CJK, Hangul, Cyrillic,
+Arabic, emoji, combining marks, digit runs).
 
     python benchmarks/cold_data.py write FILE N [TOKENIZER [mixed]]  # write N records as JSONL
     python benchmarks/cold_data.py floor FILE [TOKENIZER]  # the native floor on FILE, as JSON (HF: run it
@@ -84,15 +85,16 @@ def splits(tok, token_id: int, cache: dict) -> list[tuple[int, int]]:
     return cache[token_id]
 
 
-def mixed_in(piece: str, k: int, rng: random.Random) -> str:
-    """One slice in MIXED_ONE with three runs of other scripts put in at a random place."""
-    if k % MIXED_ONE:
+def mixed_in(piece: str, k: int, rng: random.Random, every: int = MIXED_ONE) -> str:
+    """One slice in ``every`` (default MIXED_ONE) with three runs of other scripts put in at a random place."""
+    if k % every:
         return piece
     at = rng.randrange(len(piece) + 1)
     return piece[:at] + " " + " ".join(rng.sample(MIXED, 3)) + piece[at:]
 
 
-def cold_records(n: int, seed: int = 7, tokenizer: str = "smollm2", mixed: bool = False) -> Iterator[tuple[dict, bool]]:
+def cold_records(n: int, seed: int = 7, tokenizer: str = "smollm2", mixed: bool = False,
+                 every: int = MIXED_ONE) -> Iterator[tuple[dict, bool]]:
     """``n`` records {"id", "dataset", "output_ids"}, each with whether its ids were made non-canonical."""
     from recon import load_tokenizer
 
@@ -104,7 +106,7 @@ def cold_records(n: int, seed: int = 7, tokenizer: str = "smollm2", mixed: bool 
     while k < n:
         batch = [next(source) for _ in range(min(BATCH, n - k))]
         if mixed:
-            batch = [mixed_in(piece, k + j, mixer) for j, piece in enumerate(batch)]
+            batch = [mixed_in(piece, k + j, mixer, every) for j, piece in enumerate(batch)]
         for ids in tok.encode_batch(batch):
             due = due or k % ODD_ONE == ODD_ONE - 1  # a record without a multi-byte token passes it on
             spots = [i for i, t in enumerate(ids) if t not in tok.added_ids and splits(tok, t, cache)] if due else []
@@ -116,11 +118,13 @@ def cold_records(n: int, seed: int = 7, tokenizer: str = "smollm2", mixed: bool 
             k += 1
 
 
-def write_cold(path: Path, n: int, seed: int = 7, tokenizer: str = "smollm2", mixed: bool = False) -> list[int]:
-    """Write ``n`` cold records to ``path`` as JSONL, streaming; the indices made non-canonical."""
+def write_cold(path: Path, n: int, seed: int = 7, tokenizer: str = "smollm2", mixed: bool = False,
+               every: int = MIXED_ONE) -> list[int]:
+    """Write ``n`` cold records to ``path`` as JSONL, streaming; the indices made non-canonical.
+    ``every``: with ``mixed``, one record in ``every`` carries other scripts (1: every record)."""
     odd = []
     with open(path, "w") as f:
-        for k, (record, changed) in enumerate(cold_records(n, seed, tokenizer, mixed)):
+        for k, (record, changed) in enumerate(cold_records(n, seed, tokenizer, mixed, every)):
             f.write(json.dumps(record, separators=(",", ":")) + "\n")
             if changed:
                 odd.append(k)

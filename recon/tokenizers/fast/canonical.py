@@ -222,6 +222,8 @@ class CanonicalCheck:
         skeleton (:mod:`recon.tokenizers.fast.hanruns`); False for a sample with no such run, or
         whose added tokens are not where its ids hold them. None where no sample has a run."""
         pairs = self.pairs
+        if self._ascii[flat].all():  # (ASCII text: not even the table of Han tokens is built)
+            return None
         han = pairs.han[flat]
         if not han.any():
             return None
