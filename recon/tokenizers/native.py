@@ -16,13 +16,10 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import Iterator, Sequence
 
-from recon.tokenizers.bytelevel import bytes_to_piece, piece_to_bytes, pieces_to_bytes
+from recon.tokenizers.bytelevel import piece_to_bytes, pieces_to_bytes
 from recon.tokenizers.fast.derive import matches_no_ascii, split_sequence_boundaries
-from recon.tokenizers.fast.hanruns import PairCheck
 from recon.tokenizers.fast.pretokenize import (
-    GPT2_PATTERN,
     Boundaries,
-    _hf_patterns,
     boundary_rules,
     for_huggingface,
     split_patterns,
@@ -132,46 +129,6 @@ class HFTokenizer(Tokenizer):
             rules = split_sequence_boundaries(patterns) if patterns else None
         return rules
 
-    def _han_pairs(self, bits: int) -> PairCheck | None:
-        """Runs of Han tokens confirmed by their pairs (:mod:`recon.tokenizers.fast.hanruns`) for
-        a byte-level BPE (no merges skipped, no affixes) behind ``Digits`` then GPT-2's regex
-        (SmolLM2's) or DeepSeek-V4's three splits; each pair by the model alone."""
-        import json
-
-        model = self._core.model
-        if os.environ.get("RECON_HAN_PAIRS") == "0" or not self._byte_level or not _word_cacheable(self._core) \
-                or getattr(model, "ignore_merges", True) or getattr(model, "continuing_subword_prefix", "") \
-                or getattr(model, "end_of_word_suffix", ""):
-            return None
-        try:
-            patterns = _hf_patterns(json.loads(self._core.pre_tokenizer.__getstate__()))
-        except (ValueError, TypeError, AttributeError):
-            return None
-        if patterns not in (["[0-9]", GPT2_PATTERN], DEEPSEEK_V4_PATTERNS):
-            return None
-        placeholder = self._placeholder(self._bpe_bytes)
-        if placeholder is None:
-            return None
-        return PairCheck(self.token_bytes, self.added_ids, placeholder, bits, self._bpe_bytes)
-
-    def _bpe_bytes(self, data: list[bytes]) -> list[list[int]]:
-        """The BPE model alone on each byte string (any bytes, valid UTF-8 or not): each given
-        to the model as one word of the byte-level alphabet."""
-        core = self.__dict__.get("_bytes_core")
-        if core is None:
-            from tokenizers import Tokenizer as Core
-
-            core = self._bytes_core = Core(self._core.model)
-        words = [bytes_to_piece(d) for d in data]
-        groups = [words[i : i + 1000] for i in range(0, len(words), 1000)]
-        out: list[list[int]] = []
-        for group, encoding in zip(groups, core.encode_batch(groups, is_pretokenized=True, add_special_tokens=False)):
-            each: list[list[int]] = [[] for _ in group]
-            for token_id, word in zip(encoding.ids, encoding.word_ids):
-                each[word].append(token_id)
-            out += each
-        return out
-
     def _bpe_batch(self, pieces: list[str]) -> list[list[int]]:
         """The BPE model alone on each piece (no normalizer, pre-tokenizer or added tokens): what
         the native encoder runs on each pre-token. Pieces go in as pre-tokenized words, a
@@ -275,15 +232,6 @@ class HFTokenizer(Tokenizer):
                 return bytes([int(m.group(1), 16)])
             return piece.replace("\u2581", " ").encode("utf-8")
         return self._core.decode([token_id], skip_special_tokens=False).encode("utf-8")
-
-
-#: DeepSeek-V4's pre-tokenizer: digits by threes, CJK runs, then a tiktoken-style pattern, each Isolated
-DEEPSEEK_V4_PATTERNS = [
-    r"\p{N}{1,3}",
-    "[一-龥\u3040-ゟ゠-ヿ]+",
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*"
-    "|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
-]
 
 
 def _word_cacheable(core) -> bool:

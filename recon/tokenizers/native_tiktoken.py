@@ -9,18 +9,16 @@ pattern, stretches learned through the core's own encode); beside the HF wrapper
 
 from __future__ import annotations
 
-import os
 import re
 import unicodedata
 from functools import cached_property, lru_cache
 from typing import Sequence
 
 from recon.tokenizers.bytelevel import bytes_to_piece, piece_to_bytes
-from recon.tokenizers.families import CL100K, FAMILIES, KIMI, QWEN3_5, TiktokenFamily
+from recon.tokenizers.families import FAMILIES, TiktokenFamily
 from recon.tokenizers.fast.derive import derived_boundaries
 from recon.tokenizers.fast.pretokenize import Boundaries, for_tiktoken
 from recon.tokenizers.fast.glue import SpecialGlue
-from recon.tokenizers.fast.hanruns import PairCheck, unreachable_pairs
 from recon.tokenizers.fast.wordcache import WordCache, prefixes_of_others
 from recon.tokenizers.ranks import tokens_by_rank
 from recon.tokenizers.tokenizer import Tokenizer
@@ -157,30 +155,6 @@ class TiktokenTokenizer(Tokenizer):
     def _boundary_rules(self) -> Boundaries | None:
         """Derived from the pattern the core runs (:mod:`recon.tokenizers.fast.derive`)."""
         return derived_boundaries(self._core._pat_str) if self.word_cache(True) is not None else None
-
-    def _han_pairs(self, bits: int) -> PairCheck | None:
-        """Runs of Han tokens confirmed by their pairs (:mod:`recon.tokenizers.fast.hanruns`) for
-        the families whose patterns use Han characters only in a run of letters (all three);
-        each pair by the core's BPE alone (``_encode_single_piece``, which gives a piece that is
-        a token that token, so a pair whose bytes are a token fails)."""
-        piece = getattr(self._core, "_encode_single_piece", None)
-        if piece is None or os.environ.get("RECON_HAN_PAIRS") == "0" or \
-                self.family.pattern not in (KIMI.pattern, QWEN3_5.pattern, CL100K.pattern):
-            return None
-        table, added = self.token_bytes, self.added_ids
-        pure = lambda data: [piece(d) for d in data]  # noqa: E731
-        placeholder = self._placeholder(pure)
-        if placeholder is None:
-            return None
-
-        def unreachable() -> list[tuple[int, int]] | None:
-            # the BPE alone of a token's bytes, without the core's look-up of a whole piece: the
-            # bytes then 0xFF, a byte no longer token holds (so no merge takes it), cut off after
-            if any(len(data) > 1 and b"\xff" in data for data in table):
-                return None
-            return unreachable_pairs(table, added, lambda data: [piece(d + b"\xff")[:-1] for d in data])
-
-        return PairCheck(table, added, placeholder, bits, pure, unreachable)
 
     def _encode_plain(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:
         """:meth:`encode` of each text, through the word cache where there is one."""

@@ -25,7 +25,6 @@ from typing import Sequence
 from recon.kernel import ascii_texts, join, join_each
 from recon.tokenizers.fast.canonical import CanonicalCheck
 from recon.tokenizers.fast.glue import SpecialGlue
-from recon.tokenizers.fast.hanruns import PairCheck
 from recon.tokenizers.fast.pretokenize import Boundaries
 from recon.tokenizers.fast.wordcache import WordCache
 
@@ -99,8 +98,7 @@ class Tokenizer(ABC):
             texts = self._ascii_texts if cache is not None else None
             self._canonical = (CanonicalCheck(cache, texts, self.length_array, rules, self.added_ids,  # type: ignore[arg-type]
                                               token_bytes=self.token_bytes, encode_glued=self._glued_encoder(),
-                                              decodes_bytes=self._decodes_bytes(), special_glue=self._special_glue(),
-                                              han_pairs=self._han_pairs)
+                                              decodes_bytes=self._decodes_bytes(), special_glue=self._special_glue())
                                if texts is not None else None)
         return self._canonical
 
@@ -121,22 +119,6 @@ class Tokenizer(ABC):
         return None
 
     def _boundary_rules(self) -> Boundaries | None:
-        return None
-
-    def _han_pairs(self, bits: int) -> PairCheck | None:
-        """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: the
-        :class:`~recon.tokenizers.fast.hanruns.PairCheck` that confirms runs of Han tokens by their
-        pairs (``bits``: bits per id in a packed key), or None where the pre-tokenizer is not one
-        it is exact for (the default), or ``RECON_HAN_PAIRS=0``."""
-        return None
-
-    def _placeholder(self, encode_piece) -> int | None:
-        """A token of one Han character that is its own BPE, for the skeletons of
-        :mod:`recon.tokenizers.fast.hanruns` (``encode_piece``: the BPE alone of some bytes)."""
-        for char in "一中人大":
-            ids = encode_piece([char.encode()])[0]
-            if len(ids) == 1:
-                return ids[0]
         return None
 
     def _encode_batch(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:

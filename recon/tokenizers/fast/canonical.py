@@ -35,7 +35,6 @@ import regex
 from recon.kernel import KeySet, count_in, cut, cut_table, flatten, slices, unsettled
 from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
 from recon.tokenizers.fast.glue import GluedEncoder, SpecialGlue
-from recon.tokenizers.fast.hanruns import PairCheck
 from recon.tokenizers.fast.wordcache import WordCache, prefixes_of_others
 
 
@@ -57,8 +56,7 @@ class CanonicalCheck:
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
                  rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15, max_packed: int = 3 << 18, *,
                  token_bytes: Sequence[bytes], encode_glued: Callable[[str], list[int] | None] | None = None,
-                 decodes_bytes: bool = False, special_glue: SpecialGlue | None = None,
-                 han_pairs: Callable[[int], PairCheck | None] | None = None):
+                 decodes_bytes: bool = False, special_glue: SpecialGlue | None = None):
         vocab_size = len(byte_lengths)
         self._cache = cache
         self._texts = texts
@@ -110,9 +108,6 @@ class CanonicalCheck:
         self._runs = KeySet()
         self._long: set[bytes] = set()  # longer ones, as their ids' int32 bytes
         self.max_runs, self.max_packed = max_runs, max_packed
-        #: runs of Han tokens checked by their pairs (:mod:`recon.tokenizers.fast.hanruns`), where
-        #: the tokenizer's pre-tokenizer allows it
-        self.pairs = han_pairs(self._bits) if han_pairs is not None and 2 * self._bits <= 64 else None
 
     def confirm(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None],
                 decoded: Sequence[str | None] | None = None) -> list[bool]:
@@ -156,16 +151,6 @@ class CanonicalCheck:
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         added = self._added[flat]
         extracted = self._added_where_held(texts, spelled, flat, starts, added)
-        confirmed = self._by_runs(flat, starts, counts, extracted) if self.pairs is not None else None
-        if confirmed is not None and confirmed.any():  # those are done; the rest go on as usual
-            for k in compress(spelled, confirmed.tolist()):
-                out[k] = list(guesses[k])
-            rest = ~confirmed
-            if not rest.any():
-                return out
-            flat = flat[np.repeat(rest, counts)]
-            spelled, counts, extracted = list(compress(spelled, rest.tolist())), counts[rest], extracted[rest]
-            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         # a stretch starts at each sample's first token, around every added token, and at every
         # boundary the rules make certain; most are known to be their text's encoding, the others
         # (unsettled) are looked up or learned here
@@ -200,12 +185,7 @@ class CanonicalCheck:
                     continue
                 guess = guesses[spelled[s]]
                 out[spelled[s]] = done + list(guess[done_to[s] :])
-        self._trim(flat, starts, tuples)
-        return out
-
-    def _trim(self, flat: np.ndarray, starts: np.ndarray, tuples: list[bytes]) -> None:
-        """A store that is full keeps what this batch used (``flat``, ``starts``: its ids;
-        ``tuples``: its longer stretches), nothing if that is over half of it."""
+        # a store that is full keeps what this batch used (nothing, if that is over half of it)
         if len(self._runs) > self.max_packed:
             keys = np.frombuffer(cut(flat, starts, self._cut_table, self._rules_bytes, self._bits, self._pack)[2],
                                  np.uint64)
@@ -216,47 +196,7 @@ class CanonicalCheck:
         if len(self._long) > self.max_runs:
             longs = self._long.intersection(tuples)
             self._long = longs if len(longs) <= self.max_runs // 2 else set()
-
-    def _by_runs(self, flat: np.ndarray, starts: np.ndarray, counts: np.ndarray, extracted: np.ndarray) -> np.ndarray | None:
-        """Per sample: whether its ids are confirmed by their runs of Han tokens' pairs and their
-        skeleton (:mod:`recon.tokenizers.fast.hanruns`); False for a sample with no such run, or
-        whose added tokens are not where its ids hold them. None where no sample has a run."""
-        pairs = self.pairs
-        if self._ascii[flat].all():  # (ASCII text: not even the table of Han tokens is built)
-            return None
-        han = pairs.han[flat]
-        if not han.any():
-            return None
-        sample = np.repeat(np.arange(len(counts)), counts)
-        same = sample[1:] == sample[:-1]
-        after = np.zeros(len(flat), dtype=bool)  # a Han token right after another of the same sample
-        after[1:] = han[:-1] & same
-        opens = han & ~after
-        # the pairs inside each run and at its edges (an added token's edge is a cut: not one)
-        a, b = flat[:-1], flat[1:]
-        need = np.flatnonzero(same & (han[:-1] | han[1:]) & ~self._added[a] & ~self._added[b])
-        failed = np.zeros(len(counts), dtype=bool)
-        if len(need):
-            ok = pairs.ok(a[need], b[need])
-            failed[sample[need[~ok]]] = True
-        runs = np.add.reduceat(opens, starts) > 0
-        take = runs & ~failed & extracted
-        confirmed = np.zeros(len(counts), dtype=bool)
-        if not take.any():
-            return confirmed
-        # the skeleton: each run one placeholder token; the usual check on it
-        keep = (~han | opens) & np.repeat(take, counts)
-        skeleton = np.where(opens, pairs.placeholder, flat)[keep]
-        sizes = np.add.reduceat(keep, starts)[take]
-        sstarts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        at, size, where, keys, kind, first = (np.frombuffer(part, np.int64) for part in unsettled(
-            skeleton, sstarts, self._cut_table, self._rules_bytes, self._bits, self._pack, self._single, self._runs))
-        good, tuples = self._settle(skeleton, at, size, keys.view(np.uint64), kind, first)
-        self._trim(skeleton, sstarts, tuples)
-        whole = np.ones(len(sizes), dtype=bool)
-        whole[where[~good]] = False
-        confirmed[np.flatnonzero(take)[whole]] = True
-        return confirmed
+        return out
 
     def _spelled(self, texts, guesses, decoded, which: list[int], known: list[bool], ascii_: list[bool]) -> list[bool]:
         """Per sample in ``which``: whether its ids spell its text exactly. Ids all in the ASCII
