@@ -50,7 +50,7 @@ def arrow_schema():
     return pa.schema([(c, pa.int64() if c in ints else pa.string()) for c in COLUMNS])
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Node:
     """A generation that may be followed: its ids (``seq`` = prompt + output) and its path's state."""
 
@@ -98,6 +98,8 @@ class Conversations:
     on_trajectory: Callable[[Trajectory], None] | None = None
     want_seq: Callable[[Trajectory], bool] | None = None
     memory_ids: int = MEMORY_IDS
+    #: keep each path's turns (ids, prompt sources, sampled spans): what a trajectory row needs
+    paths: bool = False
     counts: Counter = field(default_factory=Counter)
 
     def __post_init__(self):
@@ -161,7 +163,7 @@ class Conversations:
             turn = parent.turn + 1 if parent is not None else 0
             conversation = parent.conversation if parent is not None else info.id
         seq = np.concatenate([info.prompt, info.output]) if info.prompt is not None and info.output is not None else None
-        node = _Node(info.dataset, info.id, conversation, turn, info.p_len, info.o_len, info.known, seq)
+        node = _Node(info.dataset, info.id, conversation, turn, info.p_len or 0, info.o_len, info.known, seq)
         span = (node.p_len, node.p_len + node.o_len)
         why = () if info.known else ("no_prompt",)
         why += () if info.keep else ("turn_not_kept",)
@@ -179,12 +181,13 @@ class Conversations:
             elif not kept and "no_prompt" not in why:
                 why = ("no_prompt",) + why
             node.turns, node.whole = parent.turns + 1, parent.whole and kept and not why
-            node.spans = parent.spans + (span,) if node.whole else ()
-            node.causes = parent.causes + tuple(c for c in why if c not in parent.causes)
-            node.ids = parent.ids
-            node.sources = parent.sources
-        node.ids += ((info.dataset, info.id),)
-        node.sources += (info.prompt_source,)
+            node.causes = parent.causes + tuple(c for c in why if c not in parent.causes) if why else parent.causes
+            if self.paths:
+                node.spans = parent.spans + (span,) if node.whole else ()
+                node.ids, node.sources = parent.ids, parent.sources
+        if self.paths:
+            node.ids += ((info.dataset, info.id),)
+            node.sources += (info.prompt_source,)
         old = self._nodes.get(key)
         if old is not None:
             self._forget(old)
@@ -204,21 +207,22 @@ class Conversations:
         return classify(self.bound, seq, parent.p_len, nxt)
 
     def _row(self, parent: _Node, info: TurnInfo, found: dict) -> dict:
-        row = dict.fromkeys(COLUMNS)
-        row.update(dataset=info.dataset, conversation=parent.conversation, turn=parent.turn + 1, parent_id=parent.id,
-                   id=info.id, link=info.link, prompt_tokens=parent.p_len if parent.known else None,
-                   sampled_tokens=parent.o_len if parent.known else None,
-                   next_prompt_tokens=None if info.prompt is None else len(info.prompt), **found)
-        status = row["status"]
-        self.counts["status:" + status] += 1
-        self.counts["link:" + info.link] += 1
+        """Count a boundary (and hand its row to ``on_row``); returns what was found."""
+        c, status = self.counts, found["status"]
+        c["status:" + status] += 1
+        c["link:" + info.link] += 1
         if status == "broken":
-            self.counts["cause:" + row["cause"]] += 1
-            self.counts["region:" + row["region"]] += 1
-            self.counts[f"region_cause:{row['region']}/{row['cause']}"] += 1
+            c["cause:" + found["cause"]] += 1
+            c["region:" + found["region"]] += 1
+            c[f"region_cause:{found['region']}/{found['cause']}"] += 1
         if self.on_row is not None:
+            row = dict.fromkeys(COLUMNS)
+            row.update(dataset=info.dataset, conversation=parent.conversation, turn=parent.turn + 1,
+                       parent_id=parent.id, id=info.id, link=info.link,
+                       prompt_tokens=parent.p_len if parent.known else None,
+                       sampled_tokens=parent.o_len if parent.known else None, next_prompt_tokens=info.p_len, **found)
             self.on_row(row)
-        return row
+        return found
 
     # -- trajectories out ---------------------------------------------------------------------------------
     def _end(self, node: _Node) -> None:

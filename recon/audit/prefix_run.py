@@ -47,7 +47,7 @@ class PrefixRun:
         self.conversations = Conversations(
             bound, on_row=self._rows.append if self._writer is not None else None,
             on_trajectory=self._trajectory if self.policy is not None else None,
-            want_seq=lambda t: t.whole, memory_ids=memory_ids)
+            want_seq=lambda t: t.whole, memory_ids=memory_ids, paths=self.policy is not None)
 
     def generations_path(self, final: str | Path) -> Path:
         """Where the engine writes the generation rows (the scratch file with ``--trajectories``)."""

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from recon.audit.profiles import BoundProfile
 
 LINKS = ("explicit", "inferred")
+#: a boundary whose prefix holds (shared: it is never changed)
+KEPT = {"status": "kept"}
 
 
 @dataclass
@@ -172,7 +174,7 @@ def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], o
         keep = True if keeps is None else keeps[k]
         source = (sources[k] if sources is not None else ("none" if prompt is None else "given"))
         known = prompt is not None and ids is not None
-        lengths = dict(p_len=0 if prompt is None else len(prompt), o_len=0 if ids is None else len(ids), known=known)
+        lengths = dict(p_len=None if prompt is None else len(prompt), o_len=0 if ids is None else len(ids), known=known)
         if rec.conversation is not None:
             info = TurnInfo(rec.dataset, rec.id, "explicit", rec.conversation, None, rec.turn, prompt, ids, keep, source,
                             **lengths)
@@ -186,7 +188,10 @@ def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], o
                     info.pre = {"status": "unchecked", "note": "no prompt or sampled ids for turn " +
                                 ("k" if not parent.known else "k+1")}
                 else:
-                    info.pre = check(list(parent.prompt) + list(parent.output), parent.p_len, list(prompt), bound)
+                    pp, po = parent.prompt, parent.output
+                    lp = len(pp)
+                    info.pre = (KEPT if len(prompt) >= lp + len(po) and prompt[:lp] == pp and prompt[lp: lp + len(po)] == po
+                                else check(list(pp) + list(po), lp, list(prompt), bound))
             last[(rec.dataset, rec.conversation)] = k
             infos.append(info)
             continue
