@@ -14,9 +14,10 @@ turns together), ``plain`` (the same without them: nothing to link, no prefix au
 
 Timed in turn, --repeat times, the fastest kept: `recon audit FILE --tokenizer smollm2 --profile
 chatml --json` as a whole process, each file; ratio linked / plain (target <= 1.3). Peak memory
-(the largest of the process and its workers, from wait4) of the linked file at 1/5 of N and at N
-trajectories (bounded: ratio near 1), and of the interleaved file (every trajectory open: the
-ids past the budget spilled to a scratch file).
+(from wait4) of one process (--workers 1: it holds the open trajectories): the plain file, the
+linked file at 1/5 of N and at N trajectories (bounded: ratio near 1), the interleaved file (every
+trajectory open at once), and that again with a budget of 1M ids ($RECON_PREFIX_MEMORY_IDS), the
+rest spilled to a scratch file.
 
     python benchmarks/conversations_scale.py --trajectories 10000 --turns 10      # 100,000 generations
 """
@@ -102,14 +103,14 @@ def write(paths: dict, n: int, turns: int, seed: int = 5) -> int:
     return total
 
 
-def run(path: Path, workers: int | None) -> tuple[float, float, dict]:
+def run(path: Path, workers: int | None, env: dict | None = None) -> tuple[float, float, dict]:
     """One whole `recon audit` process: seconds, peak memory (MB), its summary."""
     cmd = [sys.executable, "-m", "recon.cli", "audit", str(path), "--tokenizer", "smollm2", "--profile", "chatml", "--json"]
     if workers:
         cmd += ["--workers", str(workers)]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})})
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - started
@@ -146,13 +147,20 @@ def main() -> None:
               f"linked / plain = {best['linked'][0] / best['plain'][0]:.2f} (target <= 1.3)")
         print(f"boundaries {c['boundaries']}, prefix kept {c['prefix_kept']}, broken {c['prefix_broken']} {c['by_cause']}; "
               f"trajectories {c['trajectories']}: {c['whole']} whole, {c['cut']} cut")
-        small_run = run(small["linked"], args.workers)
-        inter = run(paths["interleaved"], args.workers)
-        assert inter[2]["conversations"] == c, "interleaved turns must give the same boundaries"
-        print(f"peak memory, turns together: {small_run[1]:.0f} MB at {args.trajectories // 5} trajectories, "
-              f"{best['linked'][1]:.0f} MB at {args.trajectories}: ratio {best['linked'][1] / small_run[1]:.2f}")
-        print(f"interleaved (every trajectory open at once): {inter[0]:.1f} s, peak {inter[1]:.0f} MB "
-              f"(ratio to together {inter[1] / best['linked'][1]:.2f}; ids past the budget spilled to disk)")
+        # memory: one process (--workers 1), so the peak is the process that holds the open trajectories
+        peaks = {name: run(path, 1) for name, path in (("small", small["linked"]), ("plain", paths["plain"]),
+                                                       ("linked", paths["linked"]), ("interleaved", paths["interleaved"]))}
+        tight = run(paths["interleaved"], 1, {"RECON_PREFIX_MEMORY_IDS": "1000000"})
+        for name, got in (*peaks.items(), ("tight", tight)):
+            assert name in ("small", "plain") or got[2]["conversations"] == c, f"{name}: other boundaries"
+        mb = {name: got[1] for name, got in peaks.items()}
+        print(f"peak memory, one process: plain (no prefix audit) {mb['plain']:.0f} MB; linked, turns together: "
+              f"{mb['small']:.0f} MB at {args.trajectories // 5} trajectories, {mb['linked']:.0f} MB at "
+              f"{args.trajectories} (ratio {mb['linked'] / mb['small']:.2f})")
+        print(f"interleaved (every trajectory open at once): peak {mb['interleaved']:.0f} MB "
+              f"({mb['interleaved'] - mb['linked']:+.0f} MB against turns together), {peaks['interleaved'][0]:.1f} s "
+              f"against {peaks['linked'][0]:.1f} s; with a budget of 1M ids (4 MB, the rest spilled to a scratch "
+              f"file): peak {tight[1]:.0f} MB, {tight[0]:.1f} s")
 
 
 if __name__ == "__main__":

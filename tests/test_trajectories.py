@@ -257,3 +257,28 @@ def test_cli_json_keys(tmp_path):
     c = json.loads(run.stdout)["conversations"]
     assert {"boundaries", "prefix_kept", "prefix_broken", "by_cause"} <= set(c)
     assert (tmp_path / "a" / "boundaries.parquet").is_file()
+
+
+def test_a_turn_not_above_the_last_starts_a_new_trajectory(tmp_path):
+    """The same conversation twice in a row (a second rollout under the same name): the second
+    turn 0 is not checked against the first rollout's last turn, and starts a trajectory of its
+    own, wherever the chunks cut."""
+    served = [r for r in _lines(DATA / "smollm2-served.jsonl") if r["conversation"] == "served-7"]
+    data = tmp_path / "twice.jsonl"
+    data.write_text("".join(json.dumps({**r, "id": f"{r['id']}-{k}"}) + "\n" for k in range(2) for r in served))
+    runs = [_audit(tmp_path, data, "smollm2", "chatml", None, chunk_size=size, workers=1, name=f"c{size}")
+            for size in (2, 3, 100)]
+    assert runs[0] == runs[1] == runs[2]
+    summary, rows = runs[0]
+    again = [r for r in rows if r["id"] == "served-7-0-1"]
+    assert len(again) == 1 and again[0]["status"] == "unchecked" and "a new trajectory starts" in again[0]["note"]
+    c = summary["conversations"]
+    assert (c["boundaries"], c["unchecked"], c["trajectories"]) == (6, 1, 2)
+    out = tmp_path / "train.jsonl"
+    run = subprocess.run([sys.executable, "-m", "recon.cli", "export", str(data), "--tokenizer", "smollm2", "--profile",
+                          "chatml", "--format", "speculators", "--trajectories", "--policy", "fallback", "--workers", "1",
+                          "--chunk-size", "3", "--out", str(out), "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    rows = _lines(out)
+    assert [r["status"] for r in rows] == ["trajectory", "trajectory"] and all(r["cause"] == "4 turns" for r in rows)
+    assert rows[0]["input_ids"] == rows[1]["input_ids"] == served[-1]["prompt_ids"] + served[-1]["output_ids"]

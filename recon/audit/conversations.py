@@ -40,7 +40,8 @@ COLUMNS = ["dataset", "conversation", "turn", "parent_id", "id", "link", "status
            "first_diff_byte", "prompt_tokens", "sampled_tokens", "next_prompt_tokens", "parent_piece", "next_piece",
            "context_parent", "context_next", "note"]
 #: ids kept in memory for open trajectories before the least recently used are spilled (4 bytes each)
-MEMORY_IDS = 16_000_000
+#: (``$RECON_PREFIX_MEMORY_IDS`` sets another budget)
+MEMORY_IDS = int(os.environ.get("RECON_PREFIX_MEMORY_IDS") or 16_000_000)
 
 
 def arrow_schema():
@@ -62,6 +63,8 @@ class _Node:
     o_len: int
     known: bool
     seq: np.ndarray | None
+    #: the record's own ``turn`` (None: counted on from its parent's)
+    given: int | None = None
     spill: tuple[int, int] | None = None
     children: int = 0
     turns: int = 1
@@ -151,7 +154,7 @@ class Conversations:
             key = ("c", info.dataset, info.key)
             parent = self._nodes.get(key)
             found = info.pre
-            if parent is not None and found is None and unordered(parent.turn, info.turn):
+            if parent is not None and found is None and unordered(parent.given, info.turn):
                 found = {"status": "unchecked", "note": f"turn {info.turn} is not above the previous record's "
                                                         f"({parent.turn}): a new trajectory starts here"}
             turn = info.turn if info.turn is not None else (parent.turn + 1 if parent is not None else 0)
@@ -163,11 +166,11 @@ class Conversations:
             turn = parent.turn + 1 if parent is not None else 0
             conversation = parent.conversation if parent is not None else info.id
         seq = np.concatenate([info.prompt, info.output]) if info.prompt is not None and info.output is not None else None
-        node = _Node(info.dataset, info.id, conversation, turn, info.p_len or 0, info.o_len, info.known, seq)
+        node = _Node(info.dataset, info.id, conversation, turn, info.p_len or 0, info.o_len, info.known, seq, info.turn)
         span = (node.p_len, node.p_len + node.o_len)
         why = () if info.known else ("no_prompt",)
         why += () if info.keep else ("turn_not_kept",)
-        restart = parent is not None and unordered(parent.turn, info.turn)
+        restart = parent is not None and info.link == "explicit" and unordered(parent.given, info.turn)
         if parent is not None:
             result = self._row(parent, info, found if found is not None else self._check(parent, info))
         if parent is None or restart:

@@ -170,6 +170,7 @@ def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], o
 
     infos: list[TurnInfo | None] = []
     last: dict = {}  # (dataset, conversation) -> index of its latest record in this chunk
+    ended: set = set()  # records a new trajectory follows (their ids end one)
     for k, (rec, prompt, ids) in enumerate(zip(records, prompts, outputs)):
         keep = True if keeps is None else keeps[k]
         source = (sources[k] if sources is not None else ("none" if prompt is None else "given"))
@@ -182,6 +183,7 @@ def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], o
             if before is not None:
                 parent = infos[before]
                 if unordered(parent.turn, rec.turn):
+                    ended.add(before)
                     info.pre = {"status": "unchecked", "note": f"turn {rec.turn} is not above the previous record's "
                                                                f"({parent.turn}): a new trajectory starts here"}
                 elif not parent.known or prompt is None:
@@ -203,7 +205,7 @@ def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], o
             continue
         own, parents = link_keys(rec.messages, response)
         infos.append(TurnInfo(rec.dataset, rec.id, "inferred", own, parents, None, prompt, ids, keep, source, **lengths))
-    ends = set(last.values())
+    ends = set(last.values()) | ended
     lists = []
     for k, info in enumerate(infos):
         if info is None:
