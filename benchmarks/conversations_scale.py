@@ -14,7 +14,7 @@ turns together), ``plain`` (the same without them: nothing to link, no prefix au
 
 Timed in turn, --repeat times, the fastest kept: `recon audit FILE --tokenizer smollm2 --profile
 chatml --json` as a whole process, each file; ratio linked / plain (target <= 1.3). Peak memory
-(from wait4) of one process (--workers 1: it holds the open trajectories): the plain file, the
+(GNU time's %M, /usr/bin/time) of one process (--workers 1: it holds the open trajectories): the plain file, the
 linked file at 1/5 of N and at N trajectories (bounded: ratio near 1), the interleaved file (every
 trajectory open at once), and that again with a budget of 1M ids ($RECON_PREFIX_MEMORY_IDS), the
 rest spilled to a scratch file.
@@ -104,18 +104,20 @@ def write(paths: dict, n: int, turns: int, seed: int = 5) -> int:
 
 
 def run(path: Path, workers: int | None, env: dict | None = None) -> tuple[float, float, dict]:
-    """One whole `recon audit` process: seconds, peak memory (MB), its summary."""
+    """One whole `recon audit` process: seconds, peak memory (MB), its summary. The peak comes from
+    GNU time (``%M``: the process and the children it waited for); a child forked from this big
+    process directly would report this process's size, which the fork copied, as its own."""
     cmd = [sys.executable, "-m", "recon.cli", "audit", str(path), "--tokenizer", "smollm2", "--profile", "chatml", "--json"]
     if workers:
         cmd += ["--workers", str(workers)]
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})})
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - started
-    assert status == 0, f"recon audit {path} failed"
-    return seconds, usage.ru_maxrss / 1024, json.loads(out)
+    with tempfile.NamedTemporaryFile(prefix="recon-peak-") as peak:
+        started = time.perf_counter()
+        done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, *cmd], capture_output=True,
+                              env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+        seconds = time.perf_counter() - started
+        assert done.returncode == 0, f"recon audit {path} failed: {done.stderr[-500:]}"
+        kb = float(Path(peak.name).read_text().split()[-1])
+    return seconds, kb / 1024, json.loads(done.stdout)
 
 
 def main() -> None:

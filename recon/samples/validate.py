@@ -68,7 +68,7 @@ def conversation_fields(obj: dict, p: _Problems) -> tuple[str | None, int | None
     if isinstance(conv, int) and not isinstance(conv, bool):
         conv = str(conv)
     if conv is not None and (not isinstance(conv, str) or not conv):
-        p.add("conversation", f"expected a non-empty string, got {type(conv).__name__}")
+        p.add("conversation", "empty" if conv == "" else f"expected a non-empty string, got {type(conv).__name__}")
         conv = None
     if turn is not None:
         if type(turn) is not int or turn < 0:
