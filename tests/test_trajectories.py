@@ -188,7 +188,8 @@ def test_identical_with_one_worker_two_and_dask(tmp_path):
 
 
 def test_memory_spill_gives_the_same_rows(tmp_path):
-    """Past the budget the least recently used trajectories' ids go to a scratch file and come back."""
+    """Past the budget (ids, or open trajectories) the least recently used trajectories go to a
+    scratch file and come back: the same rows."""
     from recon.audit.engine import _bound
     from recon.audit.turns import turn_infos
 
@@ -198,14 +199,17 @@ def test_memory_spill_gives_the_same_rows(tmp_path):
     bound = _bound("smollm2", None, "chatml")
     chunks = [turn_infos([r], [r.prompt_ids], [r.output_ids], bound) for r in records]  # a chunk a record
     results = []
-    for budget in (10**9, 200):
+    for budget, nodes in ((10**9, 10**6), (200, 10**6), (10**9, 3)):
         rows: list = []
-        conv = Conversations(bound, on_row=rows.append, memory_ids=budget)
+        ended: list = []
+        conv = Conversations(bound, on_row=rows.append, memory_ids=budget, memory_nodes=nodes, paths=True,
+                             on_trajectory=lambda t: ended.append((t.conversation, t.whole, t.causes, t.ids, t.spans,
+                                                                   None if t.seq is None else t.seq.tolist())))
         for chunk in chunks:
             conv.add_all(chunk)
-        results.append((conv.finish(), rows, conv.spilled))
-    assert results[0][:2] == results[1][:2] and results[0][0]["boundaries"] == 3 * 17
-    assert results[0][2] == 0 and results[1][2] > 40
+        results.append((conv.finish(), rows + ended, conv.spilled))
+    assert results[0][:2] == results[1][:2] == results[2][:2] and results[0][0]["boundaries"] == 3 * 17
+    assert results[0][2] == 0 and results[1][2] > 40 and results[2][2] > 40
 
 
 def test_export_one_row_per_whole_trajectory(specs, tmp_path):

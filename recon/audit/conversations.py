@@ -14,20 +14,21 @@ output, from the profile's grammar; ``template``: after the output) and a cause 
 Records are linked as :mod:`recon.audit.turns` says. The driver of the audit engine sees every
 generation in input order (:class:`Conversations`), so the result does not depend on how chunks
 were spread over workers. It keeps, per open trajectory, its last generation's ids; past a budget
-the least recently touched are spilled to a scratch file and read back when the trajectory goes on.
+the least recently touched wait in a scratch file (:mod:`recon.audit.spill`) and are read back when
+the trajectory goes on.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from recon.audit.prefix import CAUSES, REGIONS, classify, pieces_around  # noqa: F401 - this module's names too
+from recon.audit.spill import NodeStore
 from recon.audit.turns import TurnInfo, unordered
 
 if TYPE_CHECKING:
@@ -40,8 +41,9 @@ COLUMNS = ["dataset", "conversation", "turn", "parent_id", "id", "link", "status
            "first_diff_byte", "prompt_tokens", "sampled_tokens", "next_prompt_tokens", "parent_piece", "next_piece",
            "context_parent", "context_next", "note"]
 #: ids kept in memory for open trajectories before the least recently used are spilled (4 bytes each)
-#: (``$RECON_PREFIX_MEMORY_IDS`` sets another budget)
+#: (``$RECON_PREFIX_MEMORY_IDS`` sets another budget), and open trajectories at most
 MEMORY_IDS = int(os.environ.get("RECON_PREFIX_MEMORY_IDS") or 16_000_000)
+MEMORY_NODES = 4096
 
 
 def arrow_schema():
@@ -65,7 +67,8 @@ class _Node:
     seq: np.ndarray | None
     #: the record's own ``turn`` (None: counted on from its parent's)
     given: int | None = None
-    spill: tuple[int, int] | None = None
+    #: where the record came in (trajectories still open at the end are ended in this order)
+    order: int = 0
     children: int = 0
     turns: int = 1
     whole: bool = True
@@ -101,45 +104,18 @@ class Conversations:
     on_trajectory: Callable[[Trajectory], None] | None = None
     want_seq: Callable[[Trajectory], bool] | None = None
     memory_ids: int = MEMORY_IDS
+    memory_nodes: int = MEMORY_NODES
     #: keep each path's turns (ids, prompt sources, sampled spans): what a trajectory row needs
     paths: bool = False
     counts: Counter = field(default_factory=Counter)
 
     def __post_init__(self):
-        self._nodes: dict = {}
-        self._hot: OrderedDict = OrderedDict()
-        self._hot_ids = 0
-        self._spill = None
-        #: how many generations' ids went to the scratch file
-        self.spilled = 0
+        self._store = NodeStore(self.memory_nodes, self.memory_ids)
 
-    # -- the ids of open trajectories, in memory or spilled -----------------------------------------
-    def _remember(self, node: _Node) -> None:
-        if node.seq is None:
-            return
-        self._hot[id(node)] = node
-        self._hot_ids += len(node.seq)
-        while self._hot_ids > self.memory_ids and len(self._hot) > 1:
-            _, old = self._hot.popitem(last=False)
-            self._hot_ids -= len(old.seq)
-            if self._spill is None:
-                self._spill = tempfile.TemporaryFile(prefix="recon-turns-")
-            self._spill.seek(0, os.SEEK_END)
-            old.spill = (self._spill.tell(), len(old.seq))
-            self.spilled += 1
-            self._spill.write(old.seq.tobytes())
-            old.seq = None
-
-    def _forget(self, node: _Node) -> None:
-        if self._hot.pop(id(node), None) is not None:
-            self._hot_ids -= len(node.seq)
-
-    def _seq(self, node: _Node) -> np.ndarray | None:
-        if node.seq is not None or node.spill is None:
-            return node.seq
-        offset, n = node.spill
-        self._spill.seek(offset)
-        return np.frombuffer(self._spill.read(4 * n), dtype=np.int32)
+    @property
+    def spilled(self) -> int:
+        """How many generations' ids went to the scratch file."""
+        return self._store.spilled
 
     # -- generations in ---------------------------------------------------------------------------------
     def add_all(self, infos) -> None:
@@ -152,7 +128,7 @@ class Conversations:
         found = None
         if info.link == "explicit":
             key = ("c", info.dataset, info.key)
-            parent = self._nodes.get(key)
+            parent = self._store.get(key)
             found = info.pre
             if parent is not None and found is None and unordered(parent.given, info.turn):
                 found = {"status": "unchecked", "note": f"turn {info.turn} is not above the previous record's "
@@ -161,12 +137,13 @@ class Conversations:
             conversation = info.key
         else:
             key = ("h", info.dataset, info.key)
-            parent = next((n for n in (self._nodes.get(("h", info.dataset, k)) for k in info.parents) if n is not None),
+            parent = next((n for n in (self._store.get(("h", info.dataset, k)) for k in info.parents) if n is not None),
                           None)
             turn = parent.turn + 1 if parent is not None else 0
             conversation = parent.conversation if parent is not None else info.id
         seq = np.concatenate([info.prompt, info.output]) if info.prompt is not None and info.output is not None else None
-        node = _Node(info.dataset, info.id, conversation, turn, info.p_len or 0, info.o_len, info.known, seq, info.turn)
+        node = _Node(info.dataset, info.id, conversation, turn, info.p_len or 0, info.o_len, info.known, seq, info.turn,
+                     self.counts["generations"])
         span = (node.p_len, node.p_len + node.o_len)
         why = () if info.known else ("no_prompt",)
         why += () if info.keep else ("turn_not_kept",)
@@ -191,17 +168,14 @@ class Conversations:
         if self.paths:
             node.ids += ((info.dataset, info.id),)
             node.sources += (info.prompt_source,)
-        old = self._nodes.get(key)
-        if old is not None:
-            self._forget(old)
-            if old.children == 0:
-                self._end(old)
-        self._nodes[key] = node
-        self._remember(node)
+        old = parent if parent is not None and info.link == "explicit" else self._store.get(key)
+        if old is not None and old.children == 0:
+            self._end(old)
+        self._store.put(key, node)
 
     def _check(self, parent: _Node, info: TurnInfo) -> dict:
         """The boundary from the parent's ids (from an earlier chunk) and the child's prompt."""
-        seq = self._seq(parent) if parent.known else None
+        seq = parent.seq if parent.known else None
         if seq is None or info.prompt is None:
             return {"status": "unchecked", "note": "no prompt or sampled ids for turn " + ("k" if seq is None else "k+1")}
         nxt = info.prompt
@@ -229,7 +203,6 @@ class Conversations:
 
     # -- trajectories out ---------------------------------------------------------------------------------
     def _end(self, node: _Node) -> None:
-        self._forget(node)
         if node.turns < 2:
             return
         trajectory = Trajectory(node.dataset, node.conversation, node.turns, node.whole, node.causes, node.ids,
@@ -240,18 +213,14 @@ class Conversations:
             self.counts["cut_cause:" + cause] += 1
         if self.on_trajectory is not None:
             if self.want_seq is None or self.want_seq(trajectory):
-                trajectory.seq = self._seq(node)
+                trajectory.seq = node.seq
             self.on_trajectory(trajectory)
 
     def finish(self) -> dict:
         """End every open trajectory and return the summary (:meth:`summary`)."""
-        for node in self._nodes.values():
+        for node in self._store.drain():
             if node.children == 0:
                 self._end(node)
-        self._nodes.clear()
-        if self._spill is not None:
-            self._spill.close()
-            self._spill = None
         return self.summary()
 
     def summary(self) -> dict:
