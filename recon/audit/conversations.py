@@ -36,14 +36,14 @@ if TYPE_CHECKING:
 
 STATUSES = ("kept", "broken", "unchecked")
 #: why a trajectory was cut into turns besides a broken boundary
-CUT_CAUSES = ("no_prompt", "turn_not_kept", "unordered")
+CUT_CAUSES = ("no_prompt", "turn_not_kept")
 COLUMNS = ["dataset", "conversation", "turn", "parent_id", "id", "link", "status", "cause", "region", "first_diff",
            "first_diff_byte", "prompt_tokens", "sampled_tokens", "next_prompt_tokens", "parent_piece", "next_piece",
            "context_parent", "context_next", "note"]
 #: ids kept in memory for open trajectories before the least recently used are spilled (4 bytes each)
 #: (``$RECON_PREFIX_MEMORY_IDS`` sets another budget), and open trajectories at most
 MEMORY_IDS = int(os.environ.get("RECON_PREFIX_MEMORY_IDS") or 16_000_000)
-MEMORY_NODES = 4096
+MEMORY_NODES = 256
 
 
 def arrow_schema():
@@ -149,7 +149,7 @@ class Conversations:
         why += () if info.keep else ("turn_not_kept",)
         restart = parent is not None and info.link == "explicit" and unordered(parent.given, info.turn)
         if parent is not None:
-            result = self._row(parent, info, found if found is not None else self._check(parent, info))
+            result = self._row(parent, info, found if found is not None else self._check(parent, info), turn)
         if parent is None or restart:
             node.whole, node.spans, node.causes = not why, (span,), why
             self.counts["unordered"] += restart
@@ -183,7 +183,7 @@ class Conversations:
             return {"status": "kept"}
         return classify(self.bound, seq, parent.p_len, nxt)
 
-    def _row(self, parent: _Node, info: TurnInfo, found: dict) -> dict:
+    def _row(self, parent: _Node, info: TurnInfo, found: dict, turn: int) -> dict:
         """Count a boundary (and hand its row to ``on_row``); returns what was found."""
         c, status = self.counts, found["status"]
         c["status:" + status] += 1
@@ -194,7 +194,7 @@ class Conversations:
             c[f"region_cause:{found['region']}/{found['cause']}"] += 1
         if self.on_row is not None:
             row = dict.fromkeys(COLUMNS)
-            row.update(dataset=info.dataset, conversation=parent.conversation, turn=parent.turn + 1,
+            row.update(dataset=info.dataset, conversation=parent.conversation, turn=turn,
                        parent_id=parent.id, id=info.id, link=info.link,
                        prompt_tokens=parent.p_len if parent.known else None,
                        sampled_tokens=parent.o_len if parent.known else None, next_prompt_tokens=info.p_len, **found)
@@ -236,6 +236,6 @@ class Conversations:
             by_region.setdefault(region, {})[cause] = n
         return {"boundaries": kept + broken, "prefix_kept": kept, "prefix_broken": broken,
                 "by_cause": part("cause:"), "by_region": part("region:"), "causes_by_region": by_region,
-                "unchecked": c["status:unchecked"], "by_link": part("link:"),
+                "unchecked": c["status:unchecked"], "unordered": c["unordered"], "by_link": part("link:"),
                 "trajectories": c["trajectories"], "whole": c["whole"], "cut": c["cut"],
                 "cut_by_cause": part("cut_cause:")}

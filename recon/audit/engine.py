@@ -333,7 +333,8 @@ def audit_stream(
         summary["export"] = {"format": _policy_format(policy), "rows": kept, "dropped": dict(sorted(drops.items()))}
         if prefix.policy is not None:
             generations, whole = prefix.write_export()
-            summary["export"].update(rows=generations + whole, generation_rows=generations, trajectory_rows=whole,
+            summary["export"].update(rows=generations + whole, kept_generations=kept, generation_rows=generations,
+                                     trajectory_rows=whole,
                                      trajectories={"whole": conversations["whole"], "cut": conversations["cut"],
                                                    "by_cause": conversations["cut_by_cause"]})
             kept = generations + whole

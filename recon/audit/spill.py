@@ -19,7 +19,7 @@ from collections import OrderedDict
 from typing import Any, Iterator
 
 #: spilled nodes written to the file at a time
-BATCH = 1024
+BATCH = 256
 
 
 def _key(key: tuple) -> str:

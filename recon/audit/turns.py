@@ -19,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from itertools import chain
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+import recon.kernel as kernel
 from recon.samples.records import Record, Response
 
 if TYPE_CHECKING:
@@ -113,14 +114,14 @@ class ChunkTurns:
     speed where thousands of small ones cost more than the audit of their records. Iterating
     gives the infos with ``prompt`` and ``output`` as views into the buffer."""
 
-    def __init__(self, infos: list, lists: list):
+    def __init__(self, infos: list, parts: list):
+        """``parts``: two per info (prompt, output), each the ids' int32 bytes or None."""
         self.infos, self.spans = infos, []
-        sizes = [0 if ids is None else len(ids) for ids in lists]
-        self.ids = np.fromiter(chain.from_iterable(ids for ids in lists if ids is not None), dtype=np.int32,
-                               count=sum(sizes))
+        self.ids = np.frombuffer(b"".join(p for p in parts if p is not None), dtype="<i4")
         at = 0
-        for size, ids in zip(sizes, lists):
-            self.spans.append(None if ids is None else (at, at + size))
+        for data in parts:
+            size = 0 if data is None else len(data) // 4
+            self.spans.append(None if data is None else (at, at + size))
             at += size
 
     def __len__(self) -> int:
@@ -155,6 +156,25 @@ def unordered(parent_turn: int | None, turn: int | None) -> bool:
     return parent_turn is not None and turn is not None and turn <= parent_turn
 
 
+@lru_cache(maxsize=4)
+def _table(size: int) -> list[bytes]:
+    """Each id's 4 bytes (int32, little-endian): :func:`recon.kernel.join` then lays a list of ids
+    out as an int32 array in C, where comparing two Python lists of ints costs more."""
+    return [i.to_bytes(4, "little") for i in range(size)]
+
+
+def _packer(bound: "BoundProfile"):
+    """ids -> their int32 bytes (None stays None)."""
+    table = _table(bound.tok.vocab_size) if kernel.join is not kernel.join_py else None
+
+    def pack(ids):
+        if ids is None:
+            return None
+        data = kernel.join(ids, table, False) if table is not None else None
+        return data if data is not None else np.asarray(ids, dtype="<i4").tobytes()
+    return pack
+
+
 def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], outputs: Sequence[list[int] | None],
                bound: "BoundProfile", keeps: Sequence[bool] | None = None,
                sources: Sequence[str] | None = None) -> ChunkTurns:
@@ -168,17 +188,20 @@ def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], o
     sampled ids of its last. Inferred links send everything (any earlier record may be a parent)."""
     from recon.audit.prefix import check
 
+    pack = _packer(bound)
     infos: list[TurnInfo | None] = []
     last: dict = {}  # (dataset, conversation) -> index of its latest record in this chunk
     ended: set = set()  # records a new trajectory follows (their ids end one)
+    lists: dict = {}  # index -> (prompt, output) as lists, for a divergence to be explained
     for k, (rec, prompt, ids) in enumerate(zip(records, prompts, outputs)):
         keep = True if keeps is None else keeps[k]
         source = (sources[k] if sources is not None else ("none" if prompt is None else "given"))
         known = prompt is not None and ids is not None
-        lengths = dict(p_len=None if prompt is None else len(prompt), o_len=0 if ids is None else len(ids), known=known)
+        p_len, o_len = None if prompt is None else len(prompt), 0 if ids is None else len(ids)
         if rec.conversation is not None:
-            info = TurnInfo(rec.dataset, rec.id, "explicit", rec.conversation, None, rec.turn, prompt, ids, keep, source,
-                            **lengths)
+            info = TurnInfo(rec.dataset, rec.id, "explicit", rec.conversation, None, rec.turn, pack(prompt), pack(ids),
+                            keep, source, p_len, o_len, known)
+            lists[k] = (prompt, ids)
             before = last.get((rec.dataset, rec.conversation))
             if before is not None:
                 parent = infos[before]
@@ -189,11 +212,11 @@ def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], o
                 elif not parent.known or prompt is None:
                     info.pre = {"status": "unchecked", "note": "no prompt or sampled ids for turn " +
                                 ("k" if not parent.known else "k+1")}
+                elif info.prompt.startswith(parent.prompt + parent.output):
+                    info.pre = KEPT
                 else:
-                    pp, po = parent.prompt, parent.output
-                    lp = len(pp)
-                    info.pre = (KEPT if len(prompt) >= lp + len(po) and prompt[:lp] == pp and prompt[lp: lp + len(po)] == po
-                                else check(list(pp) + list(po), lp, list(prompt), bound))
+                    pp, po = lists[before]
+                    info.pre = check(list(pp) + list(po), len(pp), list(prompt), bound)
             last[(rec.dataset, rec.conversation)] = k
             infos.append(info)
             continue
@@ -204,16 +227,17 @@ def turn_infos(records: Sequence[Record], prompts: Sequence[list[int] | None], o
             infos.append(None)
             continue
         own, parents = link_keys(rec.messages, response)
-        infos.append(TurnInfo(rec.dataset, rec.id, "inferred", own, parents, None, prompt, ids, keep, source, **lengths))
+        infos.append(TurnInfo(rec.dataset, rec.id, "inferred", own, parents, None, pack(prompt), pack(ids), keep, source,
+                              p_len, o_len, known))
     ends = set(last.values()) | ended
-    lists = []
+    parts = []
     for k, info in enumerate(infos):
         if info is None:
             continue
         needed = info.link == "inferred" or k in ends
-        lists += (info.prompt if needed or info.pre is None else None, info.output if needed else None)
+        parts += (info.prompt if needed or info.pre is None else None, info.output if needed else None)
         info.prompt = info.output = None
-    return ChunkTurns(infos, lists)
+    return ChunkTurns(infos, parts)
 
 
 def chunk_turns(records: Sequence[Record], rows: list[dict], prompts: list | None, exported: list | None,

@@ -197,7 +197,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"wrote {export['rows']} {args.format} rows to {args.out} from {n} samples: {export['trajectory_rows']} "
           f"whole trajectories (one row each) and {export['generation_rows']} generation rows; trajectories: "
           f"{t['whole']} whole, {t['cut']} cut into turns" + (f" ({causes})" if causes else "")
-          + f"; dropped under policy {args.policy}{why or ': none'}")
+          + f"; {n - export['kept_generations'] - sum(dropped.values())} samples dropped under policy {args.policy}{why}")
     return 0
 
 
