@@ -77,6 +77,23 @@ class _Node:
     ids: tuple = ()
     sources: tuple = ()
 
+    def __reduce__(self):
+        """Pickled flat, the ids as raw bytes (a spilled node is written and read at memory speed)."""
+        values = [getattr(self, name) for name in _FIELDS]
+        values[_SEQ] = None if self.seq is None else (self.seq.tobytes(), self.seq.dtype.str)
+        return _node, (tuple(values),)
+
+
+def _node(values: tuple) -> "_Node":
+    node = _Node(*values)
+    if node.seq is not None:
+        node.seq = np.frombuffer(node.seq[0], dtype=node.seq[1])
+    return node
+
+
+_FIELDS = [f for f in _Node.__dataclass_fields__]
+_SEQ = _FIELDS.index("seq")
+
 
 @dataclass
 class Trajectory:
@@ -130,6 +147,8 @@ class Conversations:
             key = ("c", info.dataset, info.key)
             parent = self._store.get(key)
             found = info.pre
+            if found is not None and parent is not None and not unordered(parent.given, info.turn):
+                return self._advance(key, parent, info)
             if parent is not None and found is None and unordered(parent.given, info.turn):
                 found = {"status": "unchecked", "note": f"turn {info.turn} is not above the previous record's "
                                                         f"({parent.turn}): a new trajectory starts here"}
@@ -172,6 +191,32 @@ class Conversations:
         if old is not None and old.children == 0:
             self._end(old)
         self._store.put(key, node)
+
+    def _advance(self, key: tuple, node: _Node, info: TurnInfo) -> None:
+        """A turn checked in the worker against the conversation's previous record (``node``): the
+        same as :meth:`add` makes of it, with ``node`` made the new turn in place (the common case,
+        kept cheap: a trajectory's turns listed together)."""
+        turn = info.turn if info.turn is not None else node.turn + 1
+        result = self._row(node, info, info.pre, turn)
+        why = () if info.known else ("no_prompt",)
+        why += () if info.keep else ("turn_not_kept",)
+        status = result["status"]
+        if status == "broken":
+            why = (result["cause"],) + why
+        elif status != "kept" and "no_prompt" not in why:
+            why = ("no_prompt",) + why
+        whole = node.whole and status == "kept" and not why
+        if self.paths:
+            node.spans = node.spans + ((info.p_len or 0, (info.p_len or 0) + info.o_len),) if whole else ()
+            node.ids += ((info.dataset, info.id),)
+            node.sources += (info.prompt_source,)
+        if why:
+            node.causes = node.causes + tuple(c for c in why if c not in node.causes)
+        seq = np.concatenate([info.prompt, info.output]) if info.prompt is not None and info.output is not None else None
+        self._store.resize(key, node, seq)
+        node.id, node.turn, node.given, node.order = info.id, turn, info.turn, self.counts["generations"]
+        node.p_len, node.o_len, node.known, node.seq = info.p_len or 0, info.o_len, info.known, seq
+        node.turns, node.whole = node.turns + 1, whole
 
     def _check(self, parent: _Node, info: TurnInfo) -> dict:
         """The boundary from the parent's ids (from an earlier chunk) and the child's prompt."""

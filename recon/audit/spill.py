@@ -1,5 +1,6 @@
 """The prefix audit's open trajectories, by key: the most recently used in memory, the rest in a
-SQLite file in a temporary folder (deleted when the run ends).
+temporary folder (deleted when the run ends): each written once to a flat file, found through a
+SQLite index (key, arrival, where).
 
 A conversation can't say it is over (its next turn may come at the end of the file), so every
 conversation's last generation is kept until the run ends. In memory that would grow with the
@@ -52,9 +53,9 @@ class NodeStore:
         found = self._pending.pop(name, None)
         data = found[1] if found is not None else None
         if data is None and self._db is not None:
-            row = self._db.execute("SELECT v FROM nodes WHERE k = ?", (name,)).fetchone()
+            row = self._db.execute("SELECT at, n FROM nodes WHERE k = ?", (name,)).fetchone()
             if row is not None:
-                data = row[0]
+                data = self._read(*row)
                 self._db.execute("DELETE FROM nodes WHERE k = ?", (name,))
         if data is None:
             return None
@@ -77,6 +78,10 @@ class NodeStore:
         if len(self._pending) >= BATCH:
             self._flush()
 
+    def resize(self, key: tuple, node: Any, seq) -> None:
+        """``node`` (in memory, under ``key``: just got) is to hold ``seq`` now."""
+        self._ids += (0 if seq is None else len(seq)) - self._size(node)
+
     def _flush(self) -> None:
         if not self._pending:
             return
@@ -85,10 +90,20 @@ class NodeStore:
             self._db = sqlite3.connect(os.path.join(self._dir, "nodes.sqlite"), isolation_level=None)
             self._db.execute("PRAGMA journal_mode = OFF")
             self._db.execute("PRAGMA synchronous = OFF")
-            self._db.execute("CREATE TABLE nodes (k TEXT PRIMARY KEY, o INTEGER, v BLOB)")
-        self._db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?)",
-                             [(k, order, v) for k, (order, v) in self._pending.items()])
+            self._db.execute("CREATE TABLE nodes (k TEXT PRIMARY KEY, o INTEGER, at INTEGER, n INTEGER)")
+            self._blobs = open(os.path.join(self._dir, "nodes.bin"), "w+b")
+        self._blobs.seek(0, os.SEEK_END)
+        at, rows = self._blobs.tell(), []
+        for k, (order, v) in self._pending.items():  # the nodes in one file, where each is in the index
+            rows.append((k, order, at, len(v)))
+            at += len(v)
+        self._blobs.write(b"".join(v for _, v in self._pending.values()))
+        self._db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?)", rows)
         self._pending.clear()
+
+    def _read(self, at: int, n: int) -> bytes:
+        self._blobs.seek(at)
+        return self._blobs.read(n)
 
     def drain(self) -> Iterator[Any]:
         """Every node, in ``order``; the store is empty after, and its file gone."""
@@ -105,14 +120,15 @@ class NodeStore:
             self._hot.clear()
             self._flush()
             self._db.execute("CREATE INDEX by_order ON nodes (o)")
-            for (data,) in self._db.execute("SELECT v FROM nodes ORDER BY o"):
-                yield pickle.loads(data)
+            for at, n in self._db.execute("SELECT at, n FROM nodes ORDER BY o"):
+                yield pickle.loads(self._read(at, n))
         finally:
             self.close()
 
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
+            self._blobs.close()
             self._db = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
