@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import islice
 from pathlib import Path
@@ -29,7 +29,7 @@ from recon.prompts.audit import prompts_audited
 from recon.audit.turns import chunk_turns
 from recon.prompts.render import PromptMaker
 from recon.prompts.template import ChatTemplate
-from recon.samples.export import Policy, TableWriter, check_policy, export_rows, trainer_rows
+from recon.samples.export import Policy, TableWriter, TrainerLines, check_policy, export_rows, trainer_lines, trainer_rows
 from recon.samples.export import arrow_schema as export_schema
 from recon.samples.io import RecordError, bad_record_count, read_spans
 from recon.samples.records import Record, SeenIds, duplicate_error, iter_raw, parse_raw
@@ -186,8 +186,9 @@ def _audit_chunk_counted(args: tuple, output: str | None, chunk: "Sequence[Recor
             if _policy_format(output) == "table":
                 table = pa.Table.from_pylist(exported, schema=export_schema())
             else:
-                table = pa.Table.from_pylist(trainer_rows(records, exported, prompts or [None] * len(records), output),
-                                             schema=export_schema(_policy_format(output)))
+                made = trainer_rows(records, exported, prompts or [None] * len(records), output)
+                table = (trainer_lines(made) if output.lines
+                         else pa.Table.from_pylist(made, schema=export_schema(_policy_format(output))))
         else:
             if prompt_rows is not None:
                 for row, extra in zip(rows, prompt_rows):
@@ -286,6 +287,8 @@ def audit_stream(
                 raise ReconError(f"an export in {_policy_format(policy)}'s format needs prompts (Prompts)")
             schema = schema.remove(schema.get_field_index("drop")).remove(schema.get_field_index("keep"))
         writer, output = TableWriter(prefix.generations_path(export_path), schema), policy
+        if _policy_format(policy) != "table" and writer.path.suffix != ".parquet":
+            output = replace(policy, lines=True)
     drops: dict[str, int] = {}
     bar = _progress_bar(progress)
     own_client = client is None and dask is not None
@@ -301,7 +304,13 @@ def audit_stream(
             tally.add_counts(counts)
             if prompted is not None:
                 tally.add_prompt_counts(prompted)
-            if writer is not None:
+            if isinstance(table, TrainerLines):  # a JSONL trainer export: lines made in the workers
+                kept += sum(line is not None for line in table.lines)
+                for why in table.drops:
+                    if why is not None:
+                        drops[why] = drops.get(why, 0) + 1
+                writer.write(table)
+            elif writer is not None:
                 if export_path is not None:
                     import pyarrow.compute as pc
 
