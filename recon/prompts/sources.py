@@ -19,7 +19,6 @@ Everything read here is a downloaded file: broken JSON or a template that is not
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -198,14 +197,6 @@ def _read_text(path: Path) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError as e:
-        raise ReconError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    except RecursionError:
-        raise ReconError(f"{path}: not usable JSON (nested too deeply)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ReconError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-    if not isinstance(data, dict):
-        raise ReconError(f"{path}: expected a JSON object at the top level")
-    return data
+    from recon.tokenizers.load import read_json_object
+
+    return read_json_object(path, ReconError)

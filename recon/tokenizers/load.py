@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from recon.errors import TokenizerLoadError, cut, one_line
+from recon.errors import ReconError, TokenizerLoadError, cut, one_line
 from recon.tokenizers.families import (
     CL100K,
     QWEN3_5,
@@ -122,18 +122,23 @@ def _auto_map_text(config: dict) -> str:
     return str(auto_map)
 
 
-def _read_json(path: Path) -> dict:
+def read_json_object(path: Path, error: type[ReconError] = TokenizerLoadError) -> dict:
+    """A downloaded JSON file that must hold an object (a tokenizer's config): any other content,
+    broken JSON or an unreadable file is one ``error`` line naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
-        raise TokenizerLoadError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        raise error(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except RecursionError:
-        raise TokenizerLoadError(f"{path}: not usable JSON (nested too deeply)") from None
+        raise error(f"{path}: not usable JSON (nested too deeply)") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise TokenizerLoadError(f"{path}: cannot read ({e})") from None
+        raise error(f"{path}: cannot read ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict):
-        raise TokenizerLoadError(f"{path}: expected a JSON object at the top level")
+        raise error(f"{path}: expected a JSON object at the top level")
     return data
+
+
+_read_json = read_json_object
 
 
 def _read_config(directory: Path) -> dict:
