@@ -91,8 +91,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         _print_summary(summary)
         if "prompts" in summary:
             _print_prompts(summary["prompts"])
-        if "conversations" in summary:
-            _print_conversations(summary["conversations"])
+        if "conversations" in summary and (summary["conversations"]["boundaries"] or summary["conversations"]["trajectories"]):
+            _print_conversations(summary["conversations"])  # (single-turn data: nothing to say)
         if args.check:
             print(f"check: all {summary['check']['rows']} rows identical with --encoder {args.encoder} and {args.check}")
         if out:
