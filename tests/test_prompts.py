@@ -121,7 +121,7 @@ def _engine_variant(case: str, oracle, source: str) -> tuple[list[dict], list[in
         return messages, _engine_ids(oracle, source, messages, kwargs={"thinking": True}), None
     if case == "bos":  # a client encoded the render with special tokens added: a second BOS before the template's
         return messages, [oracle.bos_token_id] + _engine_ids(oracle, source, messages), None
-    if case == "separator":  # a framework glued turns without the template's newline after a tool result
+    if case == "separator":  # a framework put a space of its own between a tool result and the next turn
         text = oracle.apply_chat_template(messages, chat_template=source, tokenize=False, add_generation_prompt=True)
         assert "18C<｜tool▁output▁end｜>" in text
         text = text.replace("<｜User｜>And", " <｜User｜>And")

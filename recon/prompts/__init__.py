@@ -10,5 +10,9 @@ same template the same way, byte for byte:
   ``apply_chat_template`` passes a template and how it prepares the messages;
 * :mod:`~recon.prompts.sources` — where templates live (``chat_template.jinja``,
   ``tokenizer_config.json``, a GGUF header, a file given by hand) and the special-token
-  variables (``bos_token``, ...) a tokenizer's config gives them.
+  variables (``bos_token``, ...) a tokenizer's config gives them;
+* :mod:`~recon.prompts.render` — a record's prompt ids: the engine's, else its request rendered
+  and encoded as an engine's chat path encodes it;
+* :mod:`~recon.prompts.audit` — the engine's prompt against the render: exact, or the first
+  divergence with a region and a cause.
 """
