@@ -13,11 +13,21 @@ a connection failure, a 429 or a 5xx with exponential backoff, and refuse any ot
 line naming the URL. Servers score prompts at temperature 1 (vLLM from the raw logits, SGLang with
 ``temp_scaled_logprobs`` off, whatever the request's temperature), so ``tempered`` is False and a
 call at another temperature is refused in one line rather than answered at 1.
+
+Both count what they cost over their life, as plain ints a caller reads before and after a record
+(:func:`recon.recovery.scorers.counters`): ``round_trips`` (requests sent, one per sequence; a
+retry of a failed attempt is not counted again), ``tokens_sent`` (ids in those prompts),
+``positions_computed`` (new positions the engine computes, given its prefix cache as it treats
+these requests: :mod:`recon.recovery.prefix_cache`; both engines skip reading it for a request
+that wants prompt logprobs from position 0, so today this equals ``tokens_sent``) and
+``positions_uncached`` (what it would compute if the request could read its cache: the positions
+no earlier request left there). Sequences are charged in the order given, before they go out.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +36,7 @@ from typing import Any, Sequence
 
 from recon.errors import ReconError
 from recon.recovery.model import SequenceLogprobs
+from recon.recovery.prefix_cache import VLLM_BLOCK_SIZE, BlockCache, RadixCache
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
@@ -53,14 +64,35 @@ def post_json(url: str, body: dict, *, timeout: float, api_key: str | None = Non
 
 class _Remote:
     tempered = False
+    #: positions of its cache a scoring request lets the engine read (0: none; see prefix_cache)
+    cache_read_limit: int | None = 0
 
-    def __init__(self, url: str, top_k: int, timeout: float, api_key: str | None, concurrency: int, retries: int):
+    def __init__(self, url: str, top_k: int, timeout: float, api_key: str | None, concurrency: int, retries: int,
+                 cache):
         if concurrency < 1:
             raise ReconError("--concurrency must be 1 or more")
         self.url, self.top_k, self.timeout, self.api_key = url, top_k, timeout, api_key
         self.concurrency, self.retries = concurrency, retries
+        #: the engine's prefix cache as modelled (:mod:`recon.recovery.prefix_cache`)
+        self.cache = cache
+        #: over the scorer's life (see the module docstring)
+        self.round_trips = self.tokens_sent = self.positions_computed = self.positions_uncached = 0
+        self._counting = threading.Lock()  # searches run together call from several threads
+
+    def _charge(self, sequences: Sequence[Sequence[int]]) -> None:
+        """Count the requests about to go out, in the order given: what is sent, what the engine
+        computes given its cache and these requests' limit on reading it, and what it would
+        compute if they could read it."""
+        with self._counting:
+            for ids in sequences:
+                cached = self.cache.cached(ids)
+                self.positions_computed += self.cache.send(ids, read_limit=self.cache_read_limit)
+                self.positions_uncached += len(ids) - cached
+                self.round_trips += 1
+                self.tokens_sent += len(ids)
 
     def _all(self, work, sequences: Sequence[Sequence[int]]) -> list[SequenceLogprobs]:
+        self._charge(sequences)
         if len(sequences) <= 1 or self.concurrency == 1:
             return [work(k, ids) for k, ids in enumerate(sequences)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(sequences))) as pool:
@@ -79,14 +111,16 @@ class _Remote:
 
 
 class ServerScorer(_Remote):
-    """vLLM's ``prompt_logprobs`` (see the module docstring)."""
+    """vLLM's ``prompt_logprobs`` (see the module docstring). ``block_size`` is the engine's KV
+    block size (``--block-size``, 16 by default), the granularity its prefix cache matches at; a
+    ``prompt_logprobs`` request reads none of it in vLLM 0.32 (``cache_read_limit`` 0)."""
 
     def __init__(self, url: str, model: str | None = None, top_k: int = 20, timeout: float = 120.0,
-                 api_key: str | None = None, concurrency: int = 4, retries: int = 3):
+                 api_key: str | None = None, concurrency: int = 4, retries: int = 3, block_size: int = VLLM_BLOCK_SIZE):
         url = url.rstrip("/")
         if not url.endswith("/completions"):
             url += "/completions" if url.endswith("/v1") else "/v1/completions"
-        super().__init__(url, top_k, timeout, api_key, concurrency, retries)
+        super().__init__(url, top_k, timeout, api_key, concurrency, retries, BlockCache(block_size))
         self.model = model
 
     def request_body(self, ids: Sequence[int]) -> dict:
@@ -124,18 +158,23 @@ def parse_prompt_logprobs(payload: dict, ids: Sequence[int], *, source: str = "r
 
 
 class SGLangScorer(_Remote):
-    """SGLang's native ``/generate`` (see the module docstring)."""
+    """SGLang's native ``/generate`` (see the module docstring). Its radix cache matches at token
+    granularity, but a request with ``return_logprob`` reads at most ``logprob_start_len``
+    positions of it, and the scorer asks from 0 (``cache_read_limit``)."""
+
+    #: where the logprobs asked for begin, and so how much of its cache SGLang may read
+    cache_read_limit = LOGPROB_START_LEN = 0
 
     def __init__(self, url: str, top_k: int = 20, timeout: float = 120.0, api_key: str | None = None,
                  concurrency: int = 4, retries: int = 3):
         url = url.rstrip("/")
         url = url.removesuffix("/v1")
         super().__init__(url if url.endswith("/generate") else url + "/generate", top_k, timeout, api_key,
-                         concurrency, retries)
+                         concurrency, retries, RadixCache())
 
     def request_body(self, ids: Sequence[int], wanted: Sequence[int] = ()) -> dict:
         body = {"input_ids": list(ids), "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": self.top_k}
+                "return_logprob": True, "logprob_start_len": self.LOGPROB_START_LEN, "top_logprobs_num": self.top_k}
         if wanted:
             body["token_ids_logprob"] = sorted(set(wanted))
         return body

@@ -6,6 +6,9 @@ sequences (prompt + output).
 * :class:`~recon.recovery.remote.ServerScorer` and :class:`~recon.recovery.remote.SGLangScorer`
   — a server's prompt logprobs (vLLM's ``prompt_logprobs``, SGLang's ``/generate``), at
   temperature 1 (:mod:`recon.recovery.remote`).
+
+Every scorer counts what it costs over its life in plain int attributes; :func:`counters` reads
+them, so a caller charges a record what its search spent (after less before).
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ class LocalScorer:
         self._lock = threading.Lock()
         #: positions run through the model, and forward passes, over the scorer's life (for benchmarks)
         self.positions_run = self.passes_run = 0
+        #: calls, and positions asked for in them, over its life (the remote scorers' names: a call
+        #: is its round trip; what it computes is ``positions_computed``, the positions run)
+        self.round_trips = self.tokens_sent = 0
 
     def __call__(self, sequences, temperature=1.0, alternatives=None, sampling=None):
         from recon.recovery.sampling import Sampling
@@ -79,6 +85,8 @@ class LocalScorer:
         if not isinstance(alternatives, list):
             alternatives = [alternatives or {}] if len(seqs) == 1 else [{} for _ in seqs]
         with self._lock:
+            self.round_trips += 1
+            self.tokens_sent += sum(map(len, seqs))
             tree = self._tree_for(sampling)
             positions, passes = tree.tokens_run, tree.passes_run
             out = tree.score(seqs, alternatives)
@@ -100,6 +108,12 @@ class LocalScorer:
         return tree
 
     @property
+    def positions_computed(self) -> int:
+        """Positions run through the model over its life: the tree runs each prefix once, so a
+        position asked for again costs nothing (the remote scorers' name for it)."""
+        return self.positions_run
+
+    @property
     def tokens_run(self) -> int:
         """Positions run through the model by the current trees (for benchmarks)."""
         return sum(tree.tokens_run for tree in self._trees.values())
@@ -107,6 +121,27 @@ class LocalScorer:
 
 #: sampling distributions a :class:`LocalScorer` keeps a prefix tree for at once
 MAX_TREES = 4
+
+#: the cost counters a scorer may have, each an int over its life: calls or requests
+#: (``round_trips``), ids in them (``tokens_sent``), new positions computed given what is cached
+#: (``positions_computed``), what a server would compute if it read its cache
+#: (``positions_uncached``), the local model's positions and forward passes (``positions_run``,
+#: ``passes_run``)
+COUNTERS = ("round_trips", "tokens_sent", "positions_computed", "positions_uncached", "positions_run", "passes_run")
+
+
+def counters(scorer) -> dict[str, int]:
+    """The cost counters ``scorer`` has (of :data:`COUNTERS`), by name. Read before and after a
+    record, their difference (:func:`spent`) is what its search cost; with searches run together
+    (``--together``) the calls of the records searched at once share one scorer, so a record's
+    difference then holds the others' calls too."""
+    values = {name: getattr(scorer, name, None) for name in COUNTERS}
+    return {name: value for name, value in values.items() if isinstance(value, int) and not isinstance(value, bool)}
+
+
+def spent(before: dict[str, int], scorer) -> dict[str, int]:
+    """What ``scorer`` spent since ``before`` (a :func:`counters` reading), counter by counter."""
+    return {name: value - before.get(name, 0) for name, value in counters(scorer).items()}
 
 
 def make_scorer(spec: str, tok: Tokenizer, *, model: str = "smollm2", threads: int | None = None, top_k: int | None = None,

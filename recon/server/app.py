@@ -33,6 +33,7 @@ from starlette.requests import ClientDisconnect
 
 from recon.recovery.model import LocalModel
 from recon.server import prompt_logprobs, responses
+from recon.server.counts import Counts
 from recon.server.limits import Deadlines, Gate, Limits, Scope
 from recon.server.schemas import (
     ApiError,
@@ -187,12 +188,14 @@ async def read_json(request: Request, limits: Limits) -> dict:
 def create_app(model: LocalModel, limits: Limits | None = None, *, api_key: str | None = None,
                loopback_only: bool = True) -> Callable:
     """The ASGI app serving ``model``: FastAPI routes inside :class:`Front`, :class:`Deadlines`
-    and :class:`Guard`. ``app.state`` of the FastAPI app holds the gate and the model lock."""
+    and :class:`Guard`. ``app.state`` of the FastAPI app holds the gate, the model lock and what
+    the scoring routes computed (:class:`~recon.server.counts.Counts`, also ``GET /counts``)."""
     limits = limits or Limits()
     lock = threading.Lock()  # one model batch at a time: sampling seeds torch's global generator
     gate = Gate(limits.max_concurrency, limits.max_queue, limits.queue_timeout)
+    counts = Counts()
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
-    api.state.gate, api.state.lock = gate, lock
+    api.state.gate, api.state.lock, api.state.counts = gate, lock, counts
     card = {"id": model.name, "object": "model", "created": 0, "owned_by": "recon",
             "max_model_len": responses.context_length(model)}
 
@@ -222,6 +225,9 @@ def create_app(model: LocalModel, limits: Limits | None = None, *, api_key: str 
     async def models() -> Json:
         return Json({"object": "list", "data": [card]})
 
+    async def counted() -> Json:
+        return Json(counts.snapshot())
+
     async def model_card(model_id: str) -> Json:
         if model_id != model.name:
             raise ApiError(404, f"The model `{model_id[:200]}` does not exist; this server serves `{model.name}`.",
@@ -247,15 +253,16 @@ def create_app(model: LocalModel, limits: Limits | None = None, *, api_key: str 
         req = parse_completion_request(body, served=model.name, vocab_size=model.tokenizer.vocab_size,
                                        max_tokens=limits.max_tokens)
         async with gate.enter():
-            return Json(await anyio.to_thread.run_sync(responses.run_completion, model, req, lock))
+            return Json(await anyio.to_thread.run_sync(responses.run_completion, model, req, lock, counts))
 
     async def generate(request: Request) -> Json:  # SGLang's native route (no /v1)
         body = await read_json(request, limits)
         req = parse_generate_request(body, vocab_size=model.tokenizer.vocab_size, max_tokens=limits.max_tokens)
         async with gate.enter():
-            return Json(await anyio.to_thread.run_sync(prompt_logprobs.run_generate, model, req, lock))
+            return Json(await anyio.to_thread.run_sync(prompt_logprobs.run_generate, model, req, lock, counts))
 
     api.add_api_route("/health", health, methods=["GET"])
+    api.add_api_route("/counts", counted, methods=["GET"])
     api.add_api_route("/generate", generate, methods=["POST"])
     for prefix in ("/v1", ""):
         api.add_api_route(prefix + "/models", models, methods=["GET"])

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from recon.recovery.model import LocalModel, batch_seed
+from recon.server.counts import Counts, sampled_positions
 from recon.server.responses import MAX_PROMPT_TOKENS, _bad, check_context, context_length
 from recon.server.schemas import GenerateRequest
 
@@ -57,6 +58,8 @@ class Scored:
     top: list[list[tuple[int, float]]] = field(default_factory=lambda: [[]])
     #: the logprob of every asked id, in the order asked
     asked: list[list[float]] = field(default_factory=lambda: [[]])
+    #: positions the pass ran through the model (none for a sequence of one id: nothing to score)
+    positions: int = 0
 
 
 def score(model: LocalModel, ids: Sequence[int], *, top_k: int = 0, wanted: Sequence[int] = (),
@@ -68,6 +71,7 @@ def score(model: LocalModel, ids: Sequence[int], *, top_k: int = 0, wanted: Sequ
     out = Scored()
     if len(ids) < 2:
         return out
+    out.positions = len(ids)
     config = getattr(net, "config", None)
     plain_head = not (getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None))
     with torch.inference_mode():
@@ -136,9 +140,11 @@ def generate_response(model: LocalModel, req: GenerateRequest, ids: list[int], o
     return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
 
-def run_generate(model: LocalModel, req: GenerateRequest, lock: threading.Lock) -> dict | list[dict]:
+def run_generate(model: LocalModel, req: GenerateRequest, lock: threading.Lock,
+                 counts: Counts | None = None) -> dict | list[dict]:
     """Answer ``POST /generate``: sample (``max_new_tokens`` > 0) and score each prompt, holding
-    the model lock; a batch of prompts gets a list of answers, in order."""
+    the model lock; a batch of prompts gets a list of answers, in order, and ``counts`` what it
+    ran (every position: no prefix cache)."""
     started = time.perf_counter()
     tok = model.tokenizer
     source = "input_ids" if req.input_ids is not None else "text"
@@ -162,6 +168,7 @@ def run_generate(model: LocalModel, req: GenerateRequest, lock: threading.Lock) 
     params = req.sampling_params
     greedy = params.temperature == 0
     answers = []
+    scored_positions = sampled_positions_run = 0
     with lock:
         for k, ids in enumerate(prompts):
             out_ids, finish = [], "length"
@@ -174,4 +181,8 @@ def run_generate(model: LocalModel, req: GenerateRequest, lock: threading.Lock) 
                            temperature=1.0 if greedy else params.temperature, tempered_from=len(ids)) \
                 if req.return_logprob else None
             answers.append(generate_response(model, req, ids, out_ids, finish, scored, asked, started))
+            scored_positions += scored.positions if scored else 0
+            sampled_positions_run += sampled_positions(len(ids), len(out_ids))
+    if counts is not None:
+        counts.add("generate", prompt_tokens=sum(map(len, prompts)), scored=scored_positions, sampled=sampled_positions_run)
     return answers if req.batched else answers[0]

@@ -23,6 +23,7 @@ from typing import Any
 from recon.recovery.model import LocalModel, Sample, batch_seed
 from recon.samples.render import to_vllm_chat
 from recon.samples.records import Record
+from recon.server.counts import Counts, sampled_positions
 from recon.server.schemas import ApiError, ChatRequest, CompletionRequest, to_json
 
 MAX_PROMPT_TOKENS = 32_768  # tokens over all prompts of one /v1/completions request (the model is locked meanwhile)
@@ -238,7 +239,9 @@ def run_chat(model: LocalModel, req: ChatRequest, lock: threading.Lock) -> tuple
     return chat_response(model, req, prompt_ids, samples), samples
 
 
-def run_completion(model: LocalModel, req: CompletionRequest, lock: threading.Lock) -> dict:
+def run_completion(model: LocalModel, req: CompletionRequest, lock: threading.Lock, counts: Counts | None = None) -> dict:
+    """Answer ``/v1/completions``: score the prompts (with ``prompt_logprobs``, or ``echo`` and
+    ``logprobs``) and sample from each, holding the model lock; ``counts`` gets what it ran."""
     tok = model.tokenizer
     prompt_ids = [tok.encode(p) if isinstance(p, str) else p for p in req.prompts]
     texts = [p if isinstance(p, str) else tok.decode(p) for p in req.prompts]
@@ -258,6 +261,10 @@ def run_completion(model: LocalModel, req: CompletionRequest, lock: threading.Lo
             for k, ids in enumerate(prompt_ids):
                 samples[k] = model.sample([ids], temperature=req.temperature, top_p=req.top_p, max_new_tokens=req.budget,
                                           seed=batch_seed(req.seed, k), top_logprobs=req.logprobs or 0)[0]
+    if counts is not None:  # no prefix cache: a scoring pass runs every prompt position
+        scored = sum(map(len, prompt_ids)) if need_scores else 0
+        sampled = sum(sampled_positions(len(ids), len(s.output_ids)) for ids, s in zip(prompt_ids, samples) if s)
+        counts.add("completions", prompt_tokens=sum(map(len, prompt_ids)), scored=scored, sampled=sampled)
     return completion_response(model, req, prompt_ids, texts, scores, samples)
 
 

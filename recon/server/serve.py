@@ -2,8 +2,9 @@
 
 Routes: ``POST /v1/chat/completions`` (also ``stream: true``), ``POST /v1/completions`` (prompt
 scoring and plain continuation, vLLM-style), ``GET /v1/models``, ``GET /v1/models/{id}``,
-``GET /health`` (each also without the ``/v1``), and SGLang's native ``POST /generate``
-(:mod:`~recon.server.prompt_logprobs`). Token ids come back in the fields vLLM users know:
+``GET /health`` (each also without the ``/v1``), SGLang's native ``POST /generate``
+(:mod:`~recon.server.prompt_logprobs`) and ``GET /counts`` (what the scoring routes computed:
+:mod:`~recon.server.counts`). Token ids come back in the fields vLLM users know:
 ``return_token_ids`` puts ``token_ids`` on each choice and ``prompt_token_ids`` at the top level
 of a chat completion (on the choice of a text completion); ``return_tokens_as_token_ids`` writes
 logprob tokens as ``token_id:N``; ``prompt_logprobs`` scores every prompt position, as does
@@ -31,9 +32,10 @@ built to survive what a real server meets:
 
 The pieces: :mod:`~recon.server.schemas` (request models), :mod:`~recon.server.fields` (field
 validators, errors), :mod:`~recon.server.responses` (answers from samples),
-:mod:`~recon.server.prompt_logprobs` (SGLang's ``/generate``), :mod:`~recon.server.limits`
-(limits, gate, deadlines), :mod:`~recon.server.protocol` (uvicorn's h11 protocol with the limits
-it lacks), :mod:`~recon.server.app` (routes and the checks in front). This module puts them on a socket.
+:mod:`~recon.server.prompt_logprobs` (SGLang's ``/generate``), :mod:`~recon.server.counts` (what
+the scoring routes computed), :mod:`~recon.server.limits` (limits, gate, deadlines),
+:mod:`~recon.server.protocol` (uvicorn's h11 protocol with the limits it lacks),
+:mod:`~recon.server.app` (routes and the checks in front). This module puts them on a socket.
 """
 
 from __future__ import annotations
