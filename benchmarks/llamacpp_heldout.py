@@ -7,6 +7,11 @@
         --out data/heldout-llamacpp-t1.4-m0.05.jsonl
     python benchmarks/llamacpp_heldout.py --temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05 --seed 23 \\
         --out data/heldout-llamacpp-t0.8-default.jsonl     # llama.cpp's own defaults
+    # drawn after issue 37's search was final (new seeds; run once, reported as is):
+    python benchmarks/llamacpp_heldout.py --temperature 0.7 --top-p 0.95 --seed 31 \\
+        --out data/heldout-llamacpp-t0.7-p0.95-s31.jsonl
+    python benchmarks/llamacpp_heldout.py --temperature 1.0 --seed 32 \\
+        --out data/heldout-llamacpp-t1.0-s32.jsonl         # no cut: top-k 0, top-p 1, min-p 0
     python benchmarks/llamacpp_heldout.py --judge data/recover-heldout-llamacpp.jsonl \
         --inputs data/heldout-llamacpp-*.jsonl              # each failure scored again by llama.cpp
 
@@ -14,10 +19,14 @@ The other held-out files were drawn by transformers (``recon generate``) from fl
 dequantized from the GGUF. These are drawn by llama.cpp itself (llama-cpp-python's
 ``Llama.generate``) on the GGUF's Q4_1 weights: its kernels, its sampler chain (top-k, typical,
 top-p, min-p on the raw logits, then the temperature and a seeded draw; repeat penalty 1), its
-random numbers. recon recovers them with its own scorer (torch, float32) under the sampler the
-record's meta names (``sampler_order: llama.cpp``), so the two engines' numerics differ by what
-``benchmarks/scorer_cost.py --llama-cpp`` measures, as they do for anyone recovering a
-llama.cpp server's output with another engine.
+random numbers. Every cut is passed to llama.cpp, off ones too: ``--top-k`` 0, ``--top-p`` 1 and
+``--min-p`` 0 by default, so nothing is truncated that is not asked for (llama.cpp's own defaults
+are top-k 40, top-p 0.95, min-p 0.05). The meta names each cut, ``top_k: 0`` and ``min_p: 0.0``
+where off (the three files drawn before the s31 and s32 sets leave those two out where off).
+recon recovers them with its own scorer (torch, float32) under the sampler the record's meta
+names (``sampler_order: llama.cpp``), so the two engines' numerics differ by what
+``benchmarks/scorer_cost.py --llama-cpp`` measures, as they do for anyone recovering a llama.cpp
+server's output with another engine.
 
 The prompts and their ids are the other held-out files' (``--prompts-from``, default
 ``data/heldout-t0.7.jsonl``: the same 40 prompts rendered with SmolLM2's chat template), each
@@ -197,7 +206,9 @@ def main() -> None:
                     break
             reason = "stop" if ids and ids[-1] == eos else "length"
             text = tok.decode([i for i in ids if i not in tok.special_ids])
-            truncation = {key: v for key, v in (("top_k", args.top_k), ("min_p", args.min_p)) if v}
+            # every cut the chain ran, off ones too (top-k 0, min-p 0): llama.cpp's own defaults are on
+            # (top-k 40, top-p 0.95, min-p 0.05), so a missing key would not say what was used
+            truncation = {"top_k": args.top_k, "min_p": args.min_p}
             records.append(Record(
                 id=f"{pid}-{k}", dataset=dataset, output_ids=ids, prompt_ids=first.prompt_ids, messages=first.messages,
                 response=Response(content=text, finish_reason=reason),
