@@ -16,10 +16,16 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import Iterator, Sequence
 
-from recon.tokenizers.bytelevel import piece_to_bytes, pieces_to_bytes
+import numpy as np
+
+from recon.tokenizers.bytelevel import bytes_to_piece, piece_to_bytes, pieces_to_bytes
 from recon.tokenizers.fast.derive import matches_no_ascii, split_sequence_boundaries
+from recon.tokenizers.fast.equivalents import EQUIVALENTS
+from recon.tokenizers.fast.cjkruns import DEEPSEEK_V4_GROUPS, ONE_GROUP, SPACED, PairCheck, group_table, pairs_pay, placeholders
 from recon.tokenizers.fast.pretokenize import (
+    GPT2_PATTERN,
     Boundaries,
+    _hf_patterns,
     boundary_rules,
     for_huggingface,
     split_patterns,
@@ -104,6 +110,11 @@ class HFTokenizer(Tokenizer):
         batch = getattr(core, "encode_batch_fast", core.encode_batch)
         return [e.ids for e in batch(list(texts), add_special_tokens=False)]
 
+    def _encode_many(self):
+        """The core's own batch encode: one call for all the stretches no glue character fits
+        (CJK at an edge: ``tokenizers`` has no added token to glue with)."""
+        return (lambda texts: self._encode_batch(texts, True)) if self.word_cache(True) is not None else None
+
     def _make_word_cache(self, allow_special: bool) -> WordCache | None:
         if not _word_cacheable(self._core):
             return None
@@ -128,6 +139,84 @@ class HFTokenizer(Tokenizer):
             patterns = split_patterns(self._core)
             rules = split_sequence_boundaries(patterns) if patterns else None
         return rules
+
+    def _equivalents(self) -> tuple[tuple[int, int, str], ...]:
+        """GPT-2's regex after ``Digits`` (SmolLM2's): CJK letters are ``x``, CJK punctuation ``,``
+        (:data:`recon.tokenizers.fast.equivalents.EQUIVALENTS`)."""
+        import json
+
+        if not _word_cacheable(self._core):
+            return ()
+        try:
+            patterns = _hf_patterns(json.loads(self._core.pre_tokenizer.__getstate__()))
+        except (ValueError, TypeError, AttributeError):
+            return ()
+        return EQUIVALENTS["letters"] if patterns == ["[0-9]", GPT2_PATTERN] else ()
+
+    def _cjk_pairs(self, bits: int) -> PairCheck | None:
+        """Runs of CJK tokens confirmed by their pairs (:mod:`recon.tokenizers.fast.cjkruns`) for
+        a byte-level BPE (no merges skipped, no affixes, no dropout) behind ``Digits`` then
+        GPT-2's regex (SmolLM2's: one group) or DeepSeek-V4's three splits (Han and kana, then
+        Hangul); each pair by the model alone."""
+        import json
+
+        model = self._core.model
+        if os.environ.get("RECON_CJK_PAIRS") == "0" or not self._byte_level or not _word_cacheable(self._core) \
+                or getattr(model, "ignore_merges", True) or getattr(model, "continuing_subword_prefix", "") \
+                or getattr(model, "end_of_word_suffix", "") or getattr(model, "dropout", None):
+            return None
+        try:
+            patterns = _hf_patterns(json.loads(self._core.pre_tokenizer.__getstate__()))
+        except (ValueError, TypeError, AttributeError):
+            return None
+        groups = {0: ONE_GROUP, 1: DEEPSEEK_V4_GROUPS}.get(
+            [["[0-9]", GPT2_PATTERN], DEEPSEEK_V4_PATTERNS].index(patterns)
+            if patterns in (["[0-9]", GPT2_PATTERN], DEEPSEEK_V4_PATTERNS) else -1)
+        if groups is None:
+            return None
+        table = group_table(self.token_bytes, groups, self.added_ids)
+        if not pairs_pay(table, True):
+            return None
+        found = placeholders(groups, self.token_bytes, self._bpe_bytes, SPACED[groups], table)
+        space = self._bpe_bytes([b" "])[0]
+        if found is None or len(space) != 1:
+            return None
+        return PairCheck(self.token_bytes, self.added_ids, groups, found, bits, self._pair_test, spaced=SPACED[groups], table=table,
+                         space=space[0])
+
+    def _bytes_model(self):
+        """A core of the BPE model alone (no normalizer, pre-tokenizer or added tokens)."""
+        core = self.__dict__.get("_bytes_core")
+        if core is None:
+            from tokenizers import Tokenizer as Core
+
+            core = self._bytes_core = Core(self._core.model)
+        return core
+
+    def _bpe_bytes(self, data: list[bytes]) -> list[list[int]]:
+        """The BPE model alone on each byte string, each one input of one byte-level word."""
+        core = self._bytes_model()
+        return [e.ids for e in core.encode_batch([[bytes_to_piece(d)] for d in data], is_pretokenized=True,
+                                                 add_special_tokens=False)]
+
+    def _pair_test(self, a: np.ndarray, b: np.ndarray, same: np.ndarray) -> np.ndarray:
+        """Per pair: whether the BPE model alone makes exactly [a, b] of a's bytes then b's;
+        every pair one word of one pre-tokenized input (a byte-level piece is its bytes' pieces
+        joined), one native call."""
+        if not len(a):
+            return np.zeros(0, dtype=bool)
+        core = self._bytes_model()
+        piece = self._core.id_to_token
+        words = [piece(x) + piece(y) for x, y in zip(a.tolist(), b.tolist())]
+        encoding = core.encode(words, is_pretokenized=True, add_special_tokens=False)
+        ids = np.array(encoding.ids, dtype=np.int64)
+        word = np.array(encoding.word_ids, dtype=np.int64)
+        sizes = np.bincount(word, minlength=len(words))
+        first = np.cumsum(sizes) - sizes
+        two = sizes == 2
+        ok = np.zeros(len(words), dtype=bool)
+        ok[two] = (ids[first[two]] == a[two]) & (ids[first[two] + 1] == b[two])
+        return ok
 
     def _bpe_batch(self, pieces: list[str]) -> list[list[int]]:
         """The BPE model alone on each piece (no normalizer, pre-tokenizer or added tokens): what
@@ -232,6 +321,15 @@ class HFTokenizer(Tokenizer):
                 return bytes([int(m.group(1), 16)])
             return piece.replace("\u2581", " ").encode("utf-8")
         return self._core.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+
+#: DeepSeek-V4's pre-tokenizer: digits by threes, CJK runs, then a tiktoken-style pattern, each Isolated
+DEEPSEEK_V4_PATTERNS = [
+    r"\p{N}{1,3}",
+    "[一-龥\u3040-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*"
+    "|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+]
 
 
 def _word_cacheable(core) -> bool:

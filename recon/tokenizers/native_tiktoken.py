@@ -9,16 +9,21 @@ pattern, stretches learned through the core's own encode); beside the HF wrapper
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from functools import cached_property, lru_cache
 from typing import Sequence
 
+import numpy as np
+
 from recon.tokenizers.bytelevel import bytes_to_piece, piece_to_bytes
-from recon.tokenizers.families import FAMILIES, TiktokenFamily
+from recon.tokenizers.families import CL100K, FAMILIES, KIMI, QWEN3_5, TiktokenFamily
 from recon.tokenizers.fast.derive import derived_boundaries
 from recon.tokenizers.fast.pretokenize import Boundaries, for_tiktoken
 from recon.tokenizers.fast.glue import SpecialGlue
+from recon.tokenizers.fast.equivalents import EQUIVALENTS
+from recon.tokenizers.fast.cjkruns import KIMI_GROUPS, ONE_GROUP, SPACED, PairCheck, group_table, pairs_pay, placeholders, unreachable_pairs
 from recon.tokenizers.fast.wordcache import WordCache, prefixes_of_others
 from recon.tokenizers.ranks import tokens_by_rank
 from recon.tokenizers.tokenizer import Tokenizer
@@ -156,6 +161,57 @@ class TiktokenTokenizer(Tokenizer):
         """Derived from the pattern the core runs (:mod:`recon.tokenizers.fast.derive`)."""
         return derived_boundaries(self._core._pat_str) if self.word_cache(True) is not None else None
 
+    def _equivalents(self) -> tuple[tuple[int, int, str], ...]:
+        kind = {KIMI.pattern: "punctuation", QWEN3_5.pattern: "letters", CL100K.pattern: "letters"}.get(self.family.pattern)
+        return EQUIVALENTS[kind] if kind is not None else ()
+
+    def _cjk_pairs(self, bits: int) -> PairCheck | None:
+        """Runs of CJK tokens confirmed by their pairs (:mod:`recon.tokenizers.fast.cjkruns`) for
+        the families whose patterns use CJK letters only in runs of letters (all three: Kimi's
+        keeps Han apart); each pair by the core's BPE alone (which gives a piece that is a token
+        that token, so a pair whose bytes are a token fails)."""
+        piece = getattr(self._core, "_encode_single_piece", None)
+        groups = {KIMI.pattern: KIMI_GROUPS, QWEN3_5.pattern: ONE_GROUP, CL100K.pattern: ONE_GROUP}.get(self.family.pattern)
+        if piece is None or os.environ.get("RECON_CJK_PAIRS") == "0" or groups is None:
+            return None
+        table, added = self.token_bytes, self.added_ids
+        pure = lambda data: [piece(d) for d in data]  # noqa: E731
+        if not pairs_pay(groups_table := group_table(table, groups, added), False):
+            return None
+        found = placeholders(groups, table, pure, SPACED[groups], groups_table)
+        space = pure([b" "])[0]
+        if found is None or len(space) != 1:
+            return None
+        glue = self._special_glue()
+
+        def test(a, b, same) -> np.ndarray:
+            """Pairs of one group glued with an added token, many to one encode (the text
+            between two added tokens is encoded alone, and a pair of one group is one piece of
+            it); the others one piece each."""
+            ok = np.zeros(len(a), dtype=bool)
+            rest = np.flatnonzero(~same) if glue is not None else np.arange(len(a))
+            if glue is not None:
+                together = np.flatnonzero(same)
+                for part in np.array_split(together, max(1, len(together) // 20000)):
+                    if len(part):
+                        ok[part] = _glued_pairs(table, glue, a[part], b[part])
+            xs, ys = a[rest].tolist(), b[rest].tolist()
+            ok[rest] = [piece(table[x] + table[y]) == [x, y] for x, y in zip(xs, ys)]
+            return ok
+
+        def unreachable() -> list[tuple[int, int]] | None:
+            # the BPE alone of a token's bytes, without the core's look-up of a whole piece: the
+            # bytes then 0xFF, a byte no longer token holds (so no merge takes it), cut off after
+            lengths = self.length_array
+            where = np.flatnonzero(np.frombuffer(b"".join(table), np.uint8) == 0xFF)
+            if (lengths[np.searchsorted(np.cumsum(lengths), where, side="right")] > 1).any():
+                return None
+            return _cached_pairs(table, self.length_array, lambda: unreachable_pairs(
+                table, added, lambda data: [piece(d + b"\xff")[:-1] for d in data]))
+
+        return PairCheck(table, added, groups, found, bits, test, unreachable, spaced=SPACED[groups], space=space[0],
+                         table=groups_table)
+
     def _encode_plain(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:
         """:meth:`encode` of each text, through the word cache where there is one."""
         slices = [self._slices(t) for t in texts]
@@ -273,3 +329,48 @@ class TiktokenTokenizer(Tokenizer):
             return self._core.encode_single_token(data)
         except KeyError:
             return None
+
+
+def _glued_pairs(table: list[bytes], glue: SpecialGlue, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per pair of tokens of one CJK group: whether the core encodes a's text then b's as
+    exactly [a, b], every pair between two of the glue's added token in one text, one call."""
+    text = glue.text.join(map(bytes.decode, map(bytes.__add__, map(table.__getitem__, a.tolist()),
+                                                          map(table.__getitem__, b.tolist()))))
+    ids = np.array(glue.encode(text), dtype=np.int64)
+    n = len(a)
+    at = np.flatnonzero(ids == glue.id)
+    ok = np.zeros(n, dtype=bool)
+    if len(at) != n - 1:  # (no pair's text holds the glue's: a pair is its tokens' text)
+        return ok
+    bounds = np.concatenate(([-1], at, [len(ids)]))
+    first, sizes = bounds[:-1] + 1, np.diff(bounds) - 1
+    two = sizes == 2
+    ok[two] = (ids[first[two]] == a[two]) & (ids[first[two] + 1] == b[two])
+    return ok
+
+
+def _cached_pairs(table: list[bytes], lengths: np.ndarray, compute) -> list[tuple[int, int]]:
+    """``compute()``, kept in recon's cache folder under a hash of the vocabulary's bytes (it
+    runs the BPE on every CJK token, a few tenths of a second a process)."""
+    import hashlib
+    import json
+
+    from recon.tokenizers.gguf import cache_dir
+
+    key = hashlib.sha256(b"cjkruns-unreachable-v1\0")
+    key.update(np.ascontiguousarray(lengths, np.int64).tobytes())
+    key.update(b"".join(table))
+    path = cache_dir() / "cjkruns" / (key.hexdigest()[:32] + ".json")
+    try:
+        return [tuple(p) for p in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        pass
+    pairs = compute()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(pairs))
+        os.replace(scratch, path)
+    except OSError:
+        pass
+    return pairs

@@ -25,6 +25,7 @@ from typing import Sequence
 from recon.kernel import ascii_texts, join, join_each
 from recon.tokenizers.fast.canonical import CanonicalCheck
 from recon.tokenizers.fast.glue import SpecialGlue
+from recon.tokenizers.fast.cjkruns import PairCheck
 from recon.tokenizers.fast.pretokenize import Boundaries
 from recon.tokenizers.fast.wordcache import WordCache
 
@@ -98,7 +99,9 @@ class Tokenizer(ABC):
             texts = self._ascii_texts if cache is not None else None
             self._canonical = (CanonicalCheck(cache, texts, self.length_array, rules, self.added_ids,  # type: ignore[arg-type]
                                               token_bytes=self.token_bytes, encode_glued=self._glued_encoder(),
-                                              decodes_bytes=self._decodes_bytes(), special_glue=self._special_glue())
+                                              decodes_bytes=self._decodes_bytes(), special_glue=self._special_glue(),
+                                              cjk_pairs=self._cjk_pairs, encode_many=self._encode_many(),
+                                              equivalents=self._equivalents())
                                if texts is not None else None)
         return self._canonical
 
@@ -112,6 +115,19 @@ class Tokenizer(ABC):
         long text, or None where the word cache should encode it (the default)."""
         return None
 
+    def _equivalents(self) -> tuple[tuple[int, int, str], ...]:
+        """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: code point ranges whose
+        characters the pre-tokenizer can't tell from an ASCII one, ``(lo, hi, c)``, so its
+        boundary rules hold for them as for ``c`` (:data:`recon.tokenizers.fast.equivalents.EQUIVALENTS`);
+        none by default."""
+        return ()
+
+    def _encode_many(self):
+        """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: the native batch encoder
+        (``allow_special``), for stretches no glue fits; None (the default) where the word cache
+        encodes them."""
+        return None
+
     def _special_glue(self) -> SpecialGlue | None:
         """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: an added token to glue
         stretches with (:class:`~recon.tokenizers.fast.glue.SpecialGlue`), where the native core
@@ -119,6 +135,13 @@ class Tokenizer(ABC):
         return None
 
     def _boundary_rules(self) -> Boundaries | None:
+        return None
+
+    def _cjk_pairs(self, bits: int) -> PairCheck | None:
+        """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: the
+        :class:`~recon.tokenizers.fast.cjkruns.PairCheck` that confirms runs of CJK tokens by their
+        pairs (``bits``: bits per id in a packed key), or None where the pre-tokenizer is not one
+        it is exact for (the default), or ``RECON_CJK_PAIRS=0``."""
         return None
 
     def _encode_batch(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:
@@ -146,7 +169,9 @@ class Tokenizer(ABC):
         self.word_cache(True)
         self._ascii_texts
         self.length_array
-        self.canonical_check()
+        check = self.canonical_check()
+        if check is not None and check.pairs is not None:
+            check.pairs.prepare()
         self._decode_batch([[]])  # (its tables)
         return self
 

@@ -35,6 +35,8 @@ import regex
 from recon.kernel import KeySet, count_in, cut, cut_table, flatten, slices, unsettled
 from recon.tokenizers.fast.pretokenize import ALPHABET, Boundaries
 from recon.tokenizers.fast.glue import GluedEncoder, SpecialGlue
+from recon.tokenizers.fast.cjkruns import PairCheck, skeletons
+from recon.tokenizers.fast.equivalents import equivalent_classes
 from recon.tokenizers.fast.wordcache import WordCache, prefixes_of_others
 
 
@@ -56,7 +58,10 @@ class CanonicalCheck:
     def __init__(self, cache: WordCache, texts: Sequence[str | None], byte_lengths: np.ndarray,
                  rules: Boundaries, added_ids: frozenset[int], max_runs: int = 1 << 15, max_packed: int = 3 << 18, *,
                  token_bytes: Sequence[bytes], encode_glued: Callable[[str], list[int] | None] | None = None,
-                 decodes_bytes: bool = False, special_glue: SpecialGlue | None = None):
+                 decodes_bytes: bool = False, special_glue: SpecialGlue | None = None,
+                 cjk_pairs: Callable[[int], PairCheck | None] | None = None,
+                 encode_many: Callable[[list[str]], list[list[int]]] | None = None,
+                 equivalents: Sequence[tuple[int, int, str]] = ()):
         vocab_size = len(byte_lengths)
         self._cache = cache
         self._texts = texts
@@ -83,6 +88,8 @@ class CanonicalCheck:
         first = class_at(starts, self._known)
         second = class_at(starts + 1, byte_lengths > 1)
         last = class_at(starts + byte_lengths - 1, self._known)
+        if equivalents:
+            equivalent_classes(equivalents, classes, data, starts, byte_lengths, first, second, last)
         pairs = np.array(rules.pairs, dtype=bool)
         # per id: the token ends with whitespace; it starts with a space the rules let a fresh
         # pre-token start with after whitespace
@@ -96,7 +103,7 @@ class CanonicalCheck:
         self._cut_table = cut_table(first, last, self._added, ends_space, space_word)
         self._rules_bytes = pairs.astype(np.uint8).tobytes()
         self._glued = GluedEncoder(cache, token_bytes, byte_lengths, first, last, pairs, classes, rules.glue,
-                                   encode_glued, special_glue)
+                                   encode_glued, special_glue, encode_many)
         self._prefixes, self._inside = _prefix_counts(cache, vocab_size)
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
         self._single = np.full(vocab_size, -1, dtype=np.int8)
@@ -108,6 +115,9 @@ class CanonicalCheck:
         self._runs = KeySet()
         self._long: set[bytes] = set()  # longer ones, as their ids' int32 bytes
         self.max_runs, self.max_packed = max_runs, max_packed
+        #: runs of CJK tokens checked by their pairs (:mod:`recon.tokenizers.fast.cjkruns`), where
+        #: the tokenizer's pre-tokenizer allows it
+        self.pairs = cjk_pairs(self._bits) if cjk_pairs is not None and 2 * self._bits <= 64 else None
 
     def confirm(self, texts: Sequence[str], guesses: Sequence[Sequence[int] | None],
                 decoded: Sequence[str | None] | None = None) -> list[bool]:
@@ -151,6 +161,16 @@ class CanonicalCheck:
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         added = self._added[flat]
         extracted = self._added_where_held(texts, spelled, flat, starts, added)
+        confirmed = self._by_runs(flat, starts, counts, extracted) if self.pairs is not None else None
+        if confirmed is not None and confirmed.any():  # those are done; the rest go on as usual
+            for k in compress(spelled, confirmed.tolist()):
+                out[k] = list(guesses[k])
+            rest = ~confirmed
+            if not rest.any():
+                return out
+            flat = flat[np.repeat(rest, counts)]
+            spelled, counts, extracted = list(compress(spelled, rest.tolist())), counts[rest], extracted[rest]
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         # a stretch starts at each sample's first token, around every added token, and at every
         # boundary the rules make certain; most are known to be their text's encoding, the others
         # (unsettled) are looked up or learned here
@@ -185,7 +205,12 @@ class CanonicalCheck:
                     continue
                 guess = guesses[spelled[s]]
                 out[spelled[s]] = done + list(guess[done_to[s] :])
-        # a store that is full keeps what this batch used (nothing, if that is over half of it)
+        self._trim(flat, starts, tuples)
+        return out
+
+    def _trim(self, flat: np.ndarray, starts: np.ndarray, tuples: list[bytes]) -> None:
+        """A store that is full keeps what this batch used (``flat``, ``starts``: its ids;
+        ``tuples``: its longer stretches), nothing if that is over half of it."""
         if len(self._runs) > self.max_packed:
             keys = np.frombuffer(cut(flat, starts, self._cut_table, self._rules_bytes, self._bits, self._pack)[2],
                                  np.uint64)
@@ -196,7 +221,38 @@ class CanonicalCheck:
         if len(self._long) > self.max_runs:
             longs = self._long.intersection(tuples)
             self._long = longs if len(longs) <= self.max_runs // 2 else set()
-        return out
+
+    def _by_runs(self, flat: np.ndarray, starts: np.ndarray, counts: np.ndarray, extracted: np.ndarray) -> np.ndarray | None:
+        """Per sample: whether its ids are confirmed by their runs of CJK tokens' pairs and their
+        skeleton (:mod:`recon.tokenizers.fast.cjkruns`); False for a sample with no such run, or
+        whose added tokens are not where its ids hold them. None where no sample has a run."""
+        # samples at least half of whose tokens are outside ASCII (in the others, the runs are
+        # short and the usual check on the whole sample costs less than their pairs)
+        wide = 2 * np.add.reduceat(~self._ascii[flat], starts) >= counts
+        if not wide.any():
+            return None
+        if not wide.all():  # (only those are looked at)
+            flat, counts, extracted = flat[np.repeat(wide, counts)], counts[wide], extracted[wide]
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        found = skeletons(self.pairs, flat, starts, counts, extracted, self._added)
+        if found is None:
+            return None
+        take, skeleton, sizes = found
+        confirmed = np.zeros(len(wide), dtype=bool)
+        if not take.any():
+            return confirmed
+        take_all = np.zeros(len(wide), dtype=bool)
+        take_all[np.flatnonzero(wide)[take]] = True
+        take = take_all
+        sstarts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        at, size, where, keys, kind, first = (np.frombuffer(part, np.int64) for part in unsettled(
+            skeleton, sstarts, self._cut_table, self._rules_bytes, self._bits, self._pack, self._single, self._runs))
+        good, tuples = self._settle(skeleton, at, size, keys.view(np.uint64), kind, first)
+        self._trim(skeleton, sstarts, tuples)
+        whole = np.ones(len(sizes), dtype=bool)
+        whole[where[~good]] = False
+        confirmed[np.flatnonzero(take)[whole]] = True
+        return confirmed
 
     def _spelled(self, texts, guesses, decoded, which: list[int], known: list[bool], ascii_: list[bool]) -> list[bool]:
         """Per sample in ``which``: whether its ids spell its text exactly. Ids all in the ASCII
