@@ -175,7 +175,7 @@ class HFTokenizer(Tokenizer):
         if groups is None:
             return None
         table = group_table(self.token_bytes, groups, self.added_ids)
-        if not pairs_pay(table, True):
+        if not pairs_pay(lambda: table, True):
             return None
         found = placeholders(groups, self.token_bytes, self._bpe_bytes, SPACED[groups], table)
         space = self._bpe_bytes([b" "])[0]

@@ -176,8 +176,9 @@ class TiktokenTokenizer(Tokenizer):
             return None
         table, added = self.token_bytes, self.added_ids
         pure = lambda data: [piece(d) for d in data]  # noqa: E731
-        if not pairs_pay(groups_table := group_table(table, groups, added), False):
+        if not pairs_pay(lambda: group_table(table, groups, added), False):
             return None
+        groups_table = group_table(table, groups, added)
         found = placeholders(groups, table, pure, SPACED[groups], groups_table)
         space = pure([b" "])[0]
         if found is None or len(space) != 1:

@@ -293,10 +293,10 @@ class PairCheck:
 FEW = 4096
 
 
-def pairs_pay(table: np.ndarray, batched: bool) -> bool:
+def pairs_pay(table: Callable[[], np.ndarray], batched: bool) -> bool:
     """Whether the pair check is used (``RECON_CJK_PAIRS``: ``1`` always, ``0`` never): by default
-    where the vocabulary holds at most :data:`FEW` tokens of whole CJK characters (``table``:
-    :func:`group_table`'s) and the core tests pairs many to a call (``batched``: ``tokenizers``'
+    where the vocabulary holds at most :data:`FEW` tokens of whole CJK characters (``table()``:
+    :func:`group_table`'s, built only then) and the core tests pairs many to a call (``batched``: ``tokenizers``'
     model alone). Then CJK text is mostly byte pieces, whose pairs repeat within a chunk or two,
     and the core's own encode of CJK is slow (SmolLM2: 2.0x faster checks on the catalogs). With
     tens of thousands of CJK tokens (Qwen, Kimi, DeepSeek) a cold run's pairs don't repeat enough
@@ -305,7 +305,7 @@ def pairs_pay(table: np.ndarray, batched: bool) -> bool:
     forced = os.environ.get("RECON_CJK_PAIRS")
     if forced in ("0", "1"):
         return forced == "1"
-    return batched and int((table > 0).sum()) <= FEW
+    return batched and int((table() > 0).sum()) <= FEW
 
 
 def placeholders(groups, token_bytes: Sequence[bytes], encode_piece: Callable[[list[bytes]], list[list[int]]],
