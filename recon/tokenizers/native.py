@@ -110,11 +110,6 @@ class HFTokenizer(Tokenizer):
         batch = getattr(core, "encode_batch_fast", core.encode_batch)
         return [e.ids for e in batch(list(texts), add_special_tokens=False)]
 
-    def _encode_many(self):
-        """The core's own batch encode: one call for all the stretches no glue character fits
-        (CJK at an edge: ``tokenizers`` has no added token to glue with)."""
-        return (lambda texts: self._encode_batch(texts, True)) if self.word_cache(True) is not None else None
-
     def _make_word_cache(self, allow_special: bool) -> WordCache | None:
         if not _word_cacheable(self._core):
             return None

@@ -100,8 +100,7 @@ class Tokenizer(ABC):
             self._canonical = (CanonicalCheck(cache, texts, self.length_array, rules, self.added_ids,  # type: ignore[arg-type]
                                               token_bytes=self.token_bytes, encode_glued=self._glued_encoder(),
                                               decodes_bytes=self._decodes_bytes(), special_glue=self._special_glue(),
-                                              cjk_pairs=self._cjk_pairs, encode_many=self._encode_many(),
-                                              equivalents=self._equivalents())
+                                              cjk_pairs=self._cjk_pairs, equivalents=self._equivalents())
                                if texts is not None else None)
         return self._canonical
 
@@ -121,12 +120,6 @@ class Tokenizer(ABC):
         boundary rules hold for them as for ``c`` (:data:`recon.tokenizers.fast.equivalents.EQUIVALENTS`);
         none by default."""
         return ()
-
-    def _encode_many(self):
-        """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: the native batch encoder
-        (``allow_special``), for stretches no glue fits; None (the default) where the word cache
-        encodes them."""
-        return None
 
     def _special_glue(self) -> SpecialGlue | None:
         """For :class:`~recon.tokenizers.fast.canonical.CanonicalCheck`: an added token to glue

@@ -60,7 +60,6 @@ class CanonicalCheck:
                  token_bytes: Sequence[bytes], encode_glued: Callable[[str], list[int] | None] | None = None,
                  decodes_bytes: bool = False, special_glue: SpecialGlue | None = None,
                  cjk_pairs: Callable[[int], PairCheck | None] | None = None,
-                 encode_many: Callable[[list[str]], list[list[int]]] | None = None,
                  equivalents: Sequence[tuple[int, int, str]] = ()):
         vocab_size = len(byte_lengths)
         self._cache = cache
@@ -103,7 +102,7 @@ class CanonicalCheck:
         self._cut_table = cut_table(first, last, self._added, ends_space, space_word)
         self._rules_bytes = pairs.astype(np.uint8).tobytes()
         self._glued = GluedEncoder(cache, token_bytes, byte_lengths, first, last, pairs, classes, rules.glue,
-                                   encode_glued, special_glue, encode_many)
+                                   encode_glued, special_glue)
         self._prefixes, self._inside = _prefix_counts(cache, vocab_size)
         #: per id: 1 if the token alone is its own text's encoding, 0 if not, -1 not known yet
         self._single = np.full(vocab_size, -1, dtype=np.int8)

@@ -44,19 +44,14 @@ class GluedEncoder:
 
     def __init__(self, cache: WordCache, token_bytes: Sequence[bytes], byte_lengths: np.ndarray, first: np.ndarray,
                  last: np.ndarray, pairs: np.ndarray, classes: np.ndarray, preferred: str | None,
-                 encode_glued: Callable[[str], list[int] | None] | None, special: SpecialGlue | None = None,
-                 encode_many: Callable[[list[str]], list[list[int]]] | None = None):
+                 encode_glued: Callable[[str], list[int] | None] | None, special: SpecialGlue | None = None):
         self._cache, self._token_bytes, self._byte_lengths = cache, token_bytes, np.ascontiguousarray(byte_lengths, np.int64)
         self._special = special
         # the kernel's join takes a list: the tokenizer's own, not a copy, where it is one
         self._table = token_bytes if type(token_bytes) is list else list(token_bytes)
         self._first, self._last, self._pairs = first, last, pairs
         self._native = encode_glued
-        #: the native batch encoder, for the texts left over that hold a character outside ASCII:
-        #: their words seldom repeat, so one native call for all beats the word cache
-        self._many = encode_many
-        self._encode_glued = encode_glued or (lambda text: (cache.encode_batch if encode_many is None or text.isascii()
-                                                            else encode_many)([text])[0])
+        self._encode_glued = encode_glued or (lambda text: cache.encode_batch([text])[0])
         self.glues = self._glue_characters(preferred, classes)
 
     def _glue_characters(self, preferred: str | None, classes: np.ndarray) -> list[tuple[bytes, int, np.ndarray, np.ndarray]]:
@@ -147,13 +142,6 @@ class GluedEncoder:
                     alone.append(i)
                 else:
                     out[i] = ids == stretches[i] if check else ids
-        if self._many is not None and texts:
-            wide = [k for k, text in enumerate(texts) if not text.isascii()]
-            if wide:
-                for k, ids in zip(wide, self._many([texts[k] for k in wide])):
-                    out[alone[k]] = ids == stretches[alone[k]] if check else ids
-                narrow = [k for k, text in enumerate(texts) if text.isascii()]
-                alone, texts = [alone[k] for k in narrow], [texts[k] for k in narrow]
         for i, ids in zip(alone, self._cache.encode_batch(texts)):
             out[i] = ids == stretches[i] if check else ids
         return out
