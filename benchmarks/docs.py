@@ -35,6 +35,10 @@ SECTIONS: dict[str, tuple[str, str | None, float]] = {
                    "benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 5000 --repeat 1", 2.5),
     "audit-tokenizers": ("benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer all",
                          "benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 5000 --repeat 1 --tokenizer all", 7),
+    "audit-scripts": ("benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 20000 --tokenizer all "
+                      "--data ascii,mixed,cjk",
+                      "benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 5000 --repeat 1 --tokenizer all "
+                      "--data ascii,mixed,cjk", 15),
     "audit-memory": ("benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 0 --cold-memory 10000,1000000",
                      "benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 0 --cold-memory 10000,100000", 6),
     "audit-memory-kimi": ("benchmarks/audit_speed.py --samples 0 --memory-samples '' --cold 0 --tokenizer kimi "
