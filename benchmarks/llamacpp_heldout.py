@@ -7,7 +7,7 @@
         --out data/heldout-llamacpp-t1.4-m0.05.jsonl
     python benchmarks/llamacpp_heldout.py --temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05 --seed 23 \\
         --out data/heldout-llamacpp-t0.8-default.jsonl     # llama.cpp's own defaults
-    # drawn after issue 37's search was final (new seeds; run once, reported as is):
+    # issue 37's untouched sets (new seeds): recovered once, when the search is final:
     python benchmarks/llamacpp_heldout.py --temperature 0.7 --top-p 0.95 --seed 31 \\
         --out data/heldout-llamacpp-t0.7-p0.95-s31.jsonl
     python benchmarks/llamacpp_heldout.py --temperature 1.0 --seed 32 \\

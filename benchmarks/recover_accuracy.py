@@ -33,7 +33,8 @@ cut for its numerics, recon.recovery.sampling):
  Only the API view is used
 (response text + prompt ids); the ground-truth ids only judge the result. One row per sample
 goes to ``data/recover-heldout.jsonl`` (the file notebook 03 reads): canonical encode exact?
-recovered exact? confidence, candidates, scorer calls, seconds. Needs the ``generate`` extra.
+recovered exact? confidence, candidates, scorer calls, model positions and forward passes (the
+scorer's own counters, :func:`recon.recovery.scorers.spent`), seconds. Needs the ``generate`` extra.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[P
                    "tokens": len(rec.output_ids), "canonical_exact": res.canonical_exact, "exact": bool(res.exact),
                    "changed": res.changed, "confidence": None if res.confidence is None else round(res.confidence, 6),
                    "candidates": res.n_candidates, "choices": len(res.choices), "calls": res.passes,
+                   "positions": res.positions, "forward_passes": res.cost.get("passes_run"),
                    "seconds": round(took, 2), "error": res.error, "failure": "error" if res.error else None}
             if res.ids is not None and not res.exact:  # judged by the score the search maximizes
                 sampling = sampling_of(rec, scorer, slack=slack)
@@ -129,6 +131,7 @@ def report(paths: list[Path], inputs: list[Path], rows_out: Path, as_markdown: b
         return
     print(recovery_table(frame).to_string())
     print_failures(frame)
+    print_cost(frame)
     print(f"\nrows: {rows_out} ({len(frame)} samples; recovery took {frame.seconds.sum() / 60:.1f} "
           f"CPU-minutes, median {frame.seconds.median():.1f} s a sample, {frame.calls.median():.0f} scorer calls)")
 
@@ -185,6 +188,20 @@ def print_failures(frame) -> None:
           f"mean confidence {frame['confidence'].mean():.3f} vs exact share {frame['exact'].mean():.3f}")
 
 
+def print_cost(frame) -> None:
+    """Per file: model positions scored per sampled token (the median over its samples: issue 37's
+    measure) and forward passes per sample, from the rows' counters (rows made before they were
+    counted have none)."""
+    if "positions" not in frame or frame["positions"].isna().all():
+        print("\ncost: these rows carry no positions (made before recovery counted them; recover again)")
+        return
+    print("\ndataset                          positions/token (median, max)   forward passes (median, max)   scorer calls (median, max)")
+    for name, g in frame.groupby("dataset", sort=True):
+        per = g["positions"] / g["tokens"]
+        print(f"{name:<32} {per.median():>14.1f} {per.max():>8.1f}   {g['forward_passes'].median():>18.0f} {g['forward_passes'].max():>6.0f}"
+              f"   {g['calls'].median():>16.0f} {g['calls'].max():>6.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th sample from the i-th")
@@ -220,6 +237,7 @@ def main() -> None:
             return
         print(recovery_table(frame).to_string())
         print_failures(frame)
+        print_cost(frame)
         print(f"\nrows: {rows_out} (bundled; run without --report to recover again)")
         return
     if not parts:

@@ -127,6 +127,15 @@ def test_an_exact_sample_stays_exact_and_a_record_without_prompt_is_reported(mod
     res, missing = recover([exact, no_prompt], bound, LocalScorer(model), progress=False)
     assert res.canonical_exact is True and res.exact is True and not res.changed
     assert missing.ids is None and "prompt_ids" in missing.error
+    # what it cost, counted by the scorer: on a fresh scorer every position of the prompt and the
+    # sample ran once (the last one's distribution included, for the token after it), and with
+    # one scorer call that is all it ran, in one forward pass
+    n = len(exact.prompt_ids) + len(exact.output_ids)
+    assert res.positions >= n and missing.cost == {}
+    if res.passes == 1:
+        assert res.positions == n and res.cost["passes_run"] == 1
+    meta = res.to_meta()
+    assert meta["positions"] == res.positions and meta["cost"]["round_trips"] == res.passes
 
 
 def test_export_policy_recover_keeps_exact_and_confident(bound, warm):

@@ -28,7 +28,7 @@ from typing import Iterator, Sequence
 from recon.audit.profiles import BoundProfile
 from recon.audit.reconstruct import reconstruct_batch, view_of
 from recon.recovery.sampling import Sampling
-from recon.recovery.scorers import Scorer
+from recon.recovery.scorers import Scorer, counters, spent
 from recon.recovery.search import Segmenter, search
 from recon.samples.records import Record
 
@@ -63,6 +63,9 @@ class Recovery:
     confidence: float | None
     choices: list[Choice] = field(default_factory=list)
     passes: int = 0
+    #: what the scorer spent on it (:func:`~recon.recovery.scorers.spent`: positions run, forward
+    #: passes, round trips, tokens sent, as the scorer counts them); empty with searches run together
+    cost: dict = field(default_factory=dict)
     #: recovered == ground truth / canonical encode == ground truth (None without output_ids)
     exact: bool | None = None
     canonical_exact: bool | None = None
@@ -71,6 +74,12 @@ class Recovery:
     @property
     def changed(self) -> bool:
         return self.ids is not None and self.ids != self.canonical
+
+    @property
+    def positions(self) -> int | None:
+        """Model positions scored for this record: what the local model ran new for it, or what a
+        server computed (None where the scorer does not count, or searches ran together)."""
+        return self.cost.get("positions_computed")
 
     @property
     def n_candidates(self) -> int:
@@ -95,7 +104,7 @@ class Recovery:
         The canonical ids are not stored, only whether recovery changed them."""
         ids = meta.get("ids")
         return cls(rid, dataset, ids, None if meta.get("changed") else ids, meta.get("confidence"),
-                   passes=meta.get("passes", 0), exact=meta.get("exact"), canonical_exact=meta.get("canonical_exact"),
+                   passes=meta.get("passes", 0), cost=meta.get("cost") or {}, exact=meta.get("exact"), canonical_exact=meta.get("canonical_exact"),
                    error=meta.get("error"))
 
     def to_meta(self) -> dict:
@@ -103,6 +112,7 @@ class Recovery:
         return {"ids": self.ids, "confidence": None if self.confidence is None else round(self.confidence, 6),
                 "candidates": self.n_candidates if self.ids is not None else 0, "changed": self.changed,
                 "exact": self.exact, "canonical_exact": self.canonical_exact, "passes": self.passes,
+                "positions": self.positions, "cost": self.cost,
                 "error": self.error}
 
 
@@ -218,6 +228,7 @@ def _recover_one(rec: Record, rc, seg: Segmenter, scorer: Scorer, temperature: f
     if base.error:
         return base
     sampling = sampling_of(rec, scorer, temperature, slack)
+    before = counters(scorer)
     try:
         ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead,
                                                  length=token_count(rec))
@@ -226,6 +237,7 @@ def _recover_one(rec: Record, rc, seg: Segmenter, scorer: Scorer, temperature: f
         return base
     base.ids, base.confidence, base.choices, base.passes = ids, conf, choices, passes
     base.exact = None if truth is None else ids == truth
+    base.cost = spent(before, scorer) if before else {}
     return base
 
 
