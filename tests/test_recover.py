@@ -127,13 +127,12 @@ def test_an_exact_sample_stays_exact_and_a_record_without_prompt_is_reported(mod
     res, missing = recover([exact, no_prompt], bound, LocalScorer(model), progress=False)
     assert res.canonical_exact is True and res.exact is True and not res.changed
     assert missing.ids is None and "prompt_ids" in missing.error
-    # what it cost, counted by the scorer: on a fresh scorer every position of the prompt and the
-    # sample ran once (the last one's distribution included, for the token after it), and with
-    # one scorer call that is all it ran, in one forward pass
+    # what it cost, counted by the scorer: on a fresh scorer, one call (the canonical ids, nothing
+    # within reach of them) ran every position of the prompt and the sample once (the last one's
+    # distribution included, for the token after it) in one forward pass, and sent one id more
     n = len(exact.prompt_ids) + len(exact.output_ids)
-    assert res.positions >= n and missing.cost == {}
-    if res.passes == 1:
-        assert res.positions == n and res.cost["passes_run"] == 1
+    assert res.passes == 1 and res.positions == n and missing.cost == {}
+    assert res.cost == {"round_trips": 1, "tokens_sent": n + 1, "positions_computed": n, "positions_run": n, "passes_run": 1}
     meta = res.to_meta()
     assert meta["positions"] == res.positions and meta["cost"]["round_trips"] == res.passes
 

@@ -234,6 +234,7 @@ def _recover_one(rec: Record, rc, seg: Segmenter, scorer: Scorer, temperature: f
                                                  length=token_count(rec))
     except Exception as exc:  # one record's failure, not the run's: it gets an error, the rest go on
         base.error = search_failed(rec.id, exc)
+        base.cost = spent(before, scorer) if before else {}
         return base
     base.ids, base.confidence, base.choices, base.passes = ids, conf, choices, passes
     base.exact = None if truth is None else ids == truth
