@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <string.h>
 
 /* An exact int's value as PyLong_AsLongLongAndOverflow gives it (*overflow -1 or 1 past a long
@@ -986,6 +987,242 @@ done:
     return out;
 }
 
+/* BPE by byte ranks, as tiktoken runs it on one piece (its _encode_single_piece): a piece that is
+ * a token is that token; else the piece's bytes are merged, again and again, at the leftmost
+ * adjacent pair of parts whose joined bytes have the lowest rank (the rank is the token's id).
+ * Why here: a run of CJK tokens is confirmed by its adjacent pairs (recon.tokenizers.fast.cjkruns),
+ * and in a vocabulary with tens of thousands of CJK tokens a cold audit tests ~250,000 new pairs;
+ * through the core each cost about what re-encoding their text costs, here a few hash look-ups.
+ *
+ * The vocabulary: data (every token's bytes end to end), offsets (native int64, n + 1: token i is
+ * data[offsets[i]:offsets[i + 1]]) and the table bpe_table built of them (the ids a merge may make:
+ * 65,536 int32 slots, id + 1 of each two-byte token by its bytes, 0 for none; then an
+ * open-addressed hash of all of them by their bytes, a uint64 per slot: id + 1 in the low half,
+ * the hash's high half above, 0 empty). */
+#define BPE_PAIRS 65536
+
+static inline unsigned long long bpe_hash(const unsigned char *p, Py_ssize_t n) {
+    unsigned long long h = 0x9E3779B97F4A7C15ULL ^ ((unsigned long long)n * 0xD6E8FEB86659FD93ULL), w;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+    }
+    w = 0;
+    for (Py_ssize_t k = 0; k < n; k++)
+        w |= (unsigned long long)p[k] << (8 * k);
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
+}
+
+typedef struct {
+    const unsigned char *data;
+    const long long *offsets;
+    Py_ssize_t n;
+    const int *two;
+    const unsigned long long *slots;
+    Py_ssize_t mask;
+} Bpe;
+
+/* The id whose bytes are p[0:len], or -1. */
+static inline long long bpe_find(const Bpe *v, const unsigned char *p, Py_ssize_t len) {
+    if (len == 2)
+        return (long long)v->two[p[0] << 8 | p[1]] - 1;
+    unsigned long long h = bpe_hash(p, len), tag = h >> 32 << 32;
+    Py_ssize_t at = (Py_ssize_t)(h & (unsigned long long)v->mask);
+    while (v->slots[at] != 0) {
+        unsigned long long slot = v->slots[at];
+        if ((slot & 0xFFFFFFFF00000000ULL) == tag) {
+            long long id = (long long)(slot & 0xFFFFFFFFULL) - 1;
+            if (v->offsets[id + 1] - v->offsets[id] == len && memcmp(v->data + v->offsets[id], p, (size_t)len) == 0)
+                return id;
+        }
+        at = (at + 1) & v->mask;
+    }
+    return -1;
+}
+
+static int bpe_vocab(Bpe *v, Py_buffer *data, Py_buffer *offsets, Py_buffer *table) {
+    Py_ssize_t slots = (table->len - BPE_PAIRS * 4) / 8;
+    if (offsets->len % 8 || offsets->len < 8 || table->len < BPE_PAIRS * 4 + 8 || (table->len - BPE_PAIRS * 4) % 8
+            || (slots & (slots - 1))) {
+        PyErr_SetString(PyExc_ValueError, "bpe: expected int64 offsets and a table from bpe_table");
+        return -1;
+    }
+    v->data = data->buf;
+    v->offsets = offsets->buf;
+    v->n = offsets->len / 8 - 1;
+    v->two = table->buf;
+    v->slots = (const unsigned long long *)((const char *)table->buf + BPE_PAIRS * 4);
+    v->mask = slots - 1;
+    for (Py_ssize_t i = 0; i <= v->n; i++)
+        if (v->offsets[i] < 0 || v->offsets[i] > data->len || (i && v->offsets[i] < v->offsets[i - 1])) {
+            PyErr_SetString(PyExc_ValueError, "bpe: offsets out of order or past the data");
+            return -1;
+        }
+    for (Py_ssize_t k = 0; k < BPE_PAIRS; k++)
+        if (v->two[k] < 0 || v->two[k] > v->n) {
+            PyErr_SetString(PyExc_ValueError, "bpe: a table slot holds no id");
+            return -1;
+        }
+    for (Py_ssize_t k = 0; k <= v->mask; k++)
+        if ((long long)(v->slots[k] & 0xFFFFFFFFULL) > v->n) {
+            PyErr_SetString(PyExc_ValueError, "bpe: a table slot holds no id");
+            return -1;
+        }
+    return 0;
+}
+
+/* bpe_table(data, offsets, include) -> bytes: the table of the ids whose include byte is 1
+ * (include: n bytes); the first of equal bytes is kept. */
+static PyObject *bpe_table(PyObject *self, PyObject *args) {
+    Py_buffer data, offsets, include;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &data, &offsets, &include))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n = offsets.len / 8 - 1, size = 1;
+    if (offsets.len % 8 || n < 0 || include.len != n || n >= 0x7FFFFFFF) {
+        PyErr_SetString(PyExc_ValueError, "bpe_table: expected int64 offsets and a byte per id");
+        goto done;
+    }
+    while (size < 2 * n + 2)
+        size *= 2;
+    out = PyBytes_FromStringAndSize(NULL, BPE_PAIRS * 4 + size * 8);
+    if (out == NULL)
+        goto done;
+    int *two = (int *)PyBytes_AS_STRING(out);
+    unsigned long long *slots = (unsigned long long *)(PyBytes_AS_STRING(out) + BPE_PAIRS * 4);
+    memset(two, 0, BPE_PAIRS * 4 + (size_t)size * 8);
+    Bpe v = {data.buf, offsets.buf, n, two, slots, size - 1};
+    const long long *off = offsets.buf;
+    const char *keep = include.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (off[i] < 0 || off[i + 1] < off[i] || off[i + 1] > data.len) {
+            PyErr_SetString(PyExc_ValueError, "bpe_table: offsets out of order or past the data");
+            Py_CLEAR(out);
+            goto done;
+        }
+        const unsigned char *p = v.data + off[i];
+        Py_ssize_t len = off[i + 1] - off[i];
+        if (!keep[i] || bpe_find(&v, p, len) >= 0)
+            continue;
+        if (len == 2)
+            two[p[0] << 8 | p[1]] = (int)(i + 1);
+        unsigned long long h = bpe_hash(p, len);
+        Py_ssize_t at = (Py_ssize_t)(h & (unsigned long long)v.mask);
+        while (slots[at] != 0)
+            at = (at + 1) & v.mask;
+        slots[at] = (h >> 32 << 32) | (unsigned long long)(i + 1);
+    }
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&include);
+    return out;
+}
+
+/* Whether tiktoken's single-piece encode of p[0:len] is exactly [a, b] (a's bytes p[0:cut]). */
+static int bpe_pair(const Bpe *v, const unsigned char *p, Py_ssize_t len, Py_ssize_t cut, long long a, long long b,
+                    Py_ssize_t *pos, long long *rank) {
+    const long long none = LLONG_MAX;
+    if (bpe_find(v, p, len) >= 0)
+        return 0; /* the whole piece is a token: that token */
+    Py_ssize_t parts = len + 1; /* pos[0..parts-1]: where each part starts, then len */
+    for (Py_ssize_t k = 0; k <= len; k++)
+        pos[k] = k;
+    for (Py_ssize_t k = 0; k + 1 < len; k++) {
+        long long r = bpe_find(v, p + k, 2);
+        rank[k] = r < 0 ? none : r;
+    }
+    rank[len - 1] = rank[len] = none;
+    for (;;) {
+        long long best = none;
+        Py_ssize_t i = -1;
+        for (Py_ssize_t k = 0; k + 1 < parts; k++)
+            if (rank[k] < best)
+                best = rank[k], i = k;
+        if (i < 0)
+            break;
+        /* merge parts i and i + 1; the ranks of the pairs around it change */
+        memmove(pos + i + 1, pos + i + 2, (size_t)(parts - i - 2) * sizeof *pos);
+        memmove(rank + i + 1, rank + i + 2, (size_t)(parts - i - 2) * sizeof *rank);
+        parts--;
+        for (Py_ssize_t k = i > 0 ? i - 1 : 0; k <= i; k++) {
+            if (k + 2 < parts) {
+                long long r = bpe_find(v, p + pos[k], pos[k + 2] - pos[k]);
+                rank[k] = r < 0 ? none : r;
+            } else
+                rank[k] = none;
+        }
+    }
+    return parts == 3 && pos[1] == cut && bpe_find(v, p, cut) == a && bpe_find(v, p + cut, len - cut) == b;
+}
+
+/* bpe_pairs(a, b, data, offsets, table) -> bytes: per pair (a[k], b[k], native int64 ids), 1 where
+ * tiktoken's single-piece encode of a's bytes then b's is exactly [a, b], else 0 (an id out of
+ * range: 0). */
+static PyObject *bpe_pairs(PyObject *self, PyObject *args) {
+    Py_buffer a, b, data, offsets, table;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*", &a, &b, &data, &offsets, &table))
+        return NULL;
+    PyObject *out = NULL;
+    Bpe v;
+    Py_ssize_t room = 0, n = a.len / 8;
+    Py_ssize_t *pos = NULL;
+    long long *rank = NULL;
+    unsigned char small[256], *piece = small;
+    if (a.len % 8 || b.len != a.len) {
+        PyErr_SetString(PyExc_ValueError, "bpe_pairs: expected two int64 buffers of one length");
+        goto done;
+    }
+    if (bpe_vocab(&v, &data, &offsets, &table) < 0)
+        goto done;
+    out = PyBytes_FromStringAndSize(NULL, n);
+    if (out == NULL)
+        goto done;
+    char *ok = PyBytes_AS_STRING(out);
+    const long long *x = a.buf, *y = b.buf;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        ok[k] = 0;
+        if (x[k] < 0 || x[k] >= v.n || y[k] < 0 || y[k] >= v.n)
+            continue;
+        Py_ssize_t la = v.offsets[x[k] + 1] - v.offsets[x[k]], lb = v.offsets[y[k] + 1] - v.offsets[y[k]];
+        if (la == 0 || lb == 0)
+            continue;
+        if (la + lb + 2 > room) {
+            room = 2 * (la + lb + 2);
+            PyMem_Free(pos);
+            PyMem_Free(rank);
+            if (piece != small)
+                PyMem_Free(piece);
+            pos = PyMem_Malloc((size_t)room * sizeof *pos);
+            rank = PyMem_Malloc((size_t)room * sizeof *rank);
+            piece = room <= (Py_ssize_t)sizeof small ? small : PyMem_Malloc((size_t)room);
+            if (pos == NULL || rank == NULL || piece == NULL) {
+                if (piece == NULL)
+                    piece = small;
+                Py_CLEAR(out);
+                PyErr_NoMemory();
+                goto done;
+            }
+        }
+        memcpy(piece, v.data + v.offsets[x[k]], (size_t)la);
+        memcpy(piece + la, v.data + v.offsets[y[k]], (size_t)lb);
+        ok[k] = (char)bpe_pair(&v, piece, la + lb, la, x[k], y[k], pos, rank);
+    }
+done:
+    PyMem_Free(pos);
+    PyMem_Free(rank);
+    if (piece != small)
+        PyMem_Free(piece);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&table);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"ids_ok", ids_ok, METH_VARARGS, "ids_ok(value, vocab_size) -> bool"},
     {"join", join, METH_VARARGS, "join(ids, table, text) -> bytes | str | None"},
@@ -998,6 +1235,8 @@ static PyMethodDef methods[] = {
     {"digit_run", digit_run, METH_VARARGS, "digit_run(data, n) -> bool"},
     {"cut", cut, METH_VARARGS, "cut(flat, starts, table, rules, bits, pack) -> (at, size, keys) as bytes"},
     {"unglue_check", unglue_check, METH_VARARGS, "unglue_check(ids, stretches, lengths, glue_id, glue_size) -> bytes | None"},
+    {"bpe_table", bpe_table, METH_VARARGS, "bpe_table(data, offsets, include) -> bytes (int32 hash slots)"},
+    {"bpe_pairs", bpe_pairs, METH_VARARGS, "bpe_pairs(a, b, data, offsets, table) -> bytes (1 where the pair is its own BPE)"},
     {"unsettled", unsettled, METH_VARARGS,
      "unsettled(flat, starts, table, rules, bits, pack, single, runs) -> (at, size, sample, key, kind, first) as bytes"},
     {NULL, NULL, 0, NULL},

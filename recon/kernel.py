@@ -226,6 +226,47 @@ def unglue_check_py(ids: list, stretches: list, lengths, glue_id: int, glue_size
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 
 
+def bpe_table_py(data: bytes, offsets: bytes, include: bytes) -> dict[bytes, int]:
+    """The ids whose ``include`` byte is 1 (``offsets``: native int64, n + 1; token i is
+    ``data[offsets[i]:offsets[i + 1]]``) by their bytes, the first of equal bytes kept (the
+    compiled one: the same as an int32 hash table, opaque to the caller)."""
+    at = np.frombuffer(offsets, np.int64)
+    if len(at) < 1 or len(include) != len(at) - 1:
+        raise ValueError("bpe_table: expected int64 offsets and a byte per id")
+    table: dict[bytes, int] = {}
+    for i, keep in enumerate(include):
+        if keep:
+            table.setdefault(data[at[i] : at[i + 1]], i)
+    return table
+
+
+def bpe_pairs_py(a: bytes, b: bytes, data: bytes, offsets: bytes, table: dict[bytes, int]) -> bytes:
+    """Per pair (``a[k]``, ``b[k]``, native int64 ids): 1 where tiktoken's single-piece encode of
+    a's bytes then b's (a piece that is a token is that token; else merge, again and again, the
+    leftmost adjacent parts whose joined bytes have the lowest rank, the rank being the id, among
+    ``table``'s) is exactly [a, b], else 0."""
+    at = np.frombuffer(offsets, np.int64).tolist()
+    n = len(at) - 1
+    out = bytearray()
+    for x, y in zip(np.frombuffer(a, np.int64).tolist(), np.frombuffer(b, np.int64).tolist()):
+        if not (0 <= x < n and 0 <= y < n) or at[x] == at[x + 1] or at[y] == at[y + 1]:
+            out.append(0)
+            continue
+        left, piece = data[at[x] : at[x + 1]], data[at[x] : at[x + 1]] + data[at[y] : at[y + 1]]
+        if piece in table:
+            out.append(0)
+            continue
+        parts = list(range(len(piece) + 1))  # where each part starts, then the end
+        while True:
+            ranks = [table.get(piece[parts[k] : parts[k + 2]]) for k in range(len(parts) - 2)]
+            best = min((r for r in ranks if r is not None), default=None)
+            if best is None:
+                break
+            del parts[ranks.index(best) + 1]
+        out.append(int(parts == [0, len(left), len(piece)] and table.get(left) == x and table.get(piece[len(left):]) == y))
+    return bytes(out)
+
+
 def digit_run_py(data: bytes, n: int) -> bool:
     """Whether ``data`` holds ``n`` ASCII digits in a row (a run of zeros once every digit is one)."""
     return b"0" * n in bytes(data).translate(_DIGITS_AS_ZERO)
@@ -251,7 +292,7 @@ try:
     if os.environ.get("RECON_KERNEL") == "0":  # the twins on purpose (to compare, or to debug)
         raise ImportError("RECON_KERNEL=0")
     from recon._kernel import KeySet, ascii_texts, count_in, cut, digit_run, flatten, ids_ok, join, join_each
-    from recon._kernel import unglue_check, unsettled
+    from recon._kernel import bpe_pairs, bpe_table, unglue_check, unsettled
     from recon._kernel import parse_ranks as _parse_ranks
     from recon._kernel import slices as _slices
 
@@ -260,6 +301,7 @@ except ImportError:  # built without a C compiler: the same answers, slower
     ids_ok, join, flatten, count_in, _slices = ids_ok_py, join_py, flatten_py, count_in_py, slices_py
     ascii_texts, digit_run, KeySet, join_each, cut = ascii_texts_py, digit_run_py, KeySetPy, join_each_py, cut_py
     unsettled, unglue_check = unsettled_py, unglue_check_py
+    bpe_table, bpe_pairs = bpe_table_py, bpe_pairs_py
     _parse_ranks = parse_ranks_py
     COMPILED = False
 

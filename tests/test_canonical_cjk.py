@@ -53,13 +53,19 @@ def toks(tokenizers, kimi):
 
 
 def test_pairs_on_by_default_only_where_they_pay(tokenizers):
-    """SmolLM2 (90 tokens of whole CJK characters, pairs tested in one call) checks runs by
-    pairs; the vocabularies with tens of thousands of CJK tokens keep the usual check."""
+    """SmolLM2 (90 tokens of whole CJK characters, pairs tested in one call) and the tiktoken
+    vocabularies (pairs tested in C on the ranks, recon.tokenizers.fast.rankpairs) check runs by
+    pairs; DeepSeek-V4 (tens of thousands, through its model) keeps the usual check."""
+    from recon import kernel
     from recon.tokenizers.fast.cjkruns import pairs_pay
 
     assert pairs_pay(lambda: GROUP_TABLES["smollm2"](tokenizers["smollm2"]), True)
-    for name in ("qwen3.6", "deepseek-v4"):
-        assert not pairs_pay(lambda: GROUP_TABLES[name](tokenizers[name]), name == "deepseek-v4")
+    assert not pairs_pay(lambda: GROUP_TABLES["deepseek-v4"](tokenizers["deepseek-v4"]), True)
+    assert not pairs_pay(lambda: GROUP_TABLES["qwen3.6"](tokenizers["qwen3.6"]), False)
+    if kernel.COMPILED and os.environ.get("RECON_CJK_PAIRS") is None:
+        for name in ("qwen3.6", "cl100k"):
+            tokenizers[name].__dict__.pop("_canonical", None)
+            assert tokenizers[name].canonical_check().pairs is not None, name
 
 
 GROUP_TABLES = {name: (lambda tok, name=name: group_table(tok.token_bytes, GROUPS[name], tok.added_ids))
@@ -245,3 +251,97 @@ def _pieces(tok):
 
 def _lengths(pieces):
     return [len(p) for p in pieces]
+
+
+TIKTOKEN = ["qwen3.6", "cl100k", "kimi-k2.5"]
+
+
+@pytest.mark.parametrize("name", TIKTOKEN)
+def test_rank_pairs_are_the_cores_own(toks, name):
+    """The pair test run in C on the ranks (recon.tokenizers.fast.rankpairs) answers what the
+    core's own ``_encode_single_piece`` answers: on every adjacent pair of the catalogs' text
+    encoded and split, and on random pairs of CJK tokens, ASCII tokens and byte pieces."""
+    import numpy as np
+
+    from recon.tokenizers.fast.rankpairs import rank_pairs
+
+    tok = toks[name]
+    core, table = tok.core, tok.token_bytes
+    test = rank_pairs(table, core._mergeable_ranks.values())
+    rng = random.Random(11)
+    texts = [HAN * 2, KANA * 3 + HAN[:200], HANGUL * 4, HAN[:300] + OTHER + ASCII + KANA, *_catalog(60)]
+    pairs = []
+    for text in texts:
+        ids = tok.encode(text)
+        ids = split_some(tok, ids, rng) + greedy(tok, text)
+        pairs += [(a, b) for a, b in zip(ids, ids[1:]) if a not in tok.added_ids and b not in tok.added_ids]
+    cjk = [i for i in range(len(table)) if table[i][:1] and 0xE3 <= table[i][0] <= 0xED and i not in tok.added_ids]
+    short = [i for i in range(len(table)) if 0 < len(table[i]) <= 2 and i not in tok.added_ids]
+    for _ in range(20000):
+        pairs.append((rng.choice(cjk), rng.choice(cjk + short)))
+    a = np.array([p[0] for p in pairs], np.int64)
+    b = np.array([p[1] for p in pairs], np.int64)
+    want = [core._encode_single_piece(table[x] + table[y]) == [x, y] for x, y in pairs]
+    assert test(a, b, np.zeros(len(a), bool)).tolist() == want
+    assert 0 < sum(want) < len(want)
+
+
+def _catalog(n: int) -> list[str]:
+    import sys
+    from itertools import islice
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from cjk_data import texts as catalog_texts
+
+    return list(islice(catalog_texts(), 0, None, 97))[:n]
+
+
+@pytest.mark.parametrize("name", ["qwen3.6", "kimi-k2.5"])
+def test_runs_by_id_are_runs_by_bytes(toks, name):
+    """Where runs are read off per-id tables (recon.tokenizers.fast.cjkids), every run token is
+    one the byte-level reading puts in a run of the same group (and is whole characters), and
+    the two agree on space-opened tokens and on the characters at the tokens' edges."""
+    import numpy as np
+
+    check = toks[name].canonical_check().pairs
+    assert check.by_id
+    texts = [HAN + KANA + " " + HANGUL + " 한국 어" + OTHER, *_catalog(80)]
+    ids = [toks[name].encode(t) for t in texts]
+    flat = np.array([i for s in ids for i in s], np.int64)
+    starts = np.concatenate(([0], np.cumsum([len(s) for s in ids])[:-1])).astype(np.int64)
+    fast = check.groups_of(flat, starts)
+    check.by_id = False
+    try:
+        slow = check.groups_of(flat, starts)
+    finally:
+        check.by_id = True
+    run = fast[0] > 0
+    assert run.sum() > 1000
+    assert (slow[0][run] == fast[0][run]).all() and slow[2][run].all() and slow[3][run].all()
+    assert (slow[1][run] == fast[1][run]).all()
+    # where the table knows a token's first or last character (whole in the token), the bytes
+    # say the same (they know more: a piece's character, completed by its neighbours)
+    if slow[4] is not None:
+        for k in (4, 5):
+            known = fast[k] >= 0
+            assert known.mean() > 0.9 and (fast[k][known] == slow[k][known]).all()
+
+
+WHITE = "  \n\n\t\u3000\r"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@SETTINGS
+@given(text=st.text(st.sampled_from(HAN[:60] + "々〇㐀豈龘鿿" + KANA[:12] + HANGUL[:6] + WHITE + "，。・ー" + "ab1'%s"),
+                    min_size=1, max_size=120), seed=st.integers(0, 2**32 - 1))
+def test_runs_between_whitespace_and_other_han(toks, name, text, seed):
+    """Runs next to whitespace (the patterns' lookahead reads it at a text's end: the skeleton
+    is not cut after it), next to Han-script characters outside the groups (Kimi's Han class
+    runs on through them: no certain cut) and next to other scripts: canonical, split and
+    greedy ids give the native encoding."""
+    tok = toks[name]
+    rng = random.Random(seed)
+    native = tok.encode(text)
+    guesses = [list(native), split_some(tok, native, rng), greedy(tok, text)]
+    assert tok.encode_batch([text] * 3, guesses=guesses) == [native] * 3

@@ -359,3 +359,62 @@ def test_unglue_check_cuts_at_the_glues_bytes(unglue_check, lengths, data):
     glue_size = lengths[glue] if data.draw(st.booleans()) else lengths[glue] + 1
     assert unglue_check(ids, stretches, table, glue, glue_size) == _unglued_by_offsets(ids, stretches, table, glue, glue_size)
     assert unglue_check([vocab], [[0]], table, glue, glue_size) is None  # an id with no length
+
+
+BPES = [pytest.param(kernel.bpe_table_py, kernel.bpe_pairs_py, id="python")]
+if kernel.COMPILED:
+    BPES.append(pytest.param(_kernel.bpe_table, _kernel.bpe_pairs, id="compiled"))
+
+
+@st.composite
+def rank_vocabularies(draw):
+    """A tiktoken vocabulary grown as BPE training grows one: the 256 bytes (in a shuffled
+    order), then tokens each two earlier ones joined (often of few bytes, so merges compete)."""
+    singles = draw(st.permutations(range(256)))
+    tokens = [bytes([b]) for b in singles]
+    seen = set(tokens)
+    for _ in range(draw(st.integers(0, 120))):
+        a = tokens[draw(st.integers(0, len(tokens) - 1))] if draw(st.booleans()) else bytes([draw(st.sampled_from(b"abcde"))])
+        b = tokens[draw(st.integers(0, len(tokens) - 1))] if draw(st.booleans()) else bytes([draw(st.sampled_from(b"abcde"))])
+        if a + b not in seen and len(a + b) <= 12:
+            seen.add(a + b)
+            tokens.append(a + b)
+    return tokens
+
+
+@pytest.mark.parametrize("bpe_table, bpe_pairs", BPES)
+@EXAMPLES
+@given(tokens=rank_vocabularies(), data=st.data())
+def test_bpe_pairs_is_tiktokens_single_piece_encode(bpe_table, bpe_pairs, tokens, data):
+    """Per pair of ids: 1 exactly where tiktoken's own ``_encode_single_piece`` of the two
+    tokens' bytes gives the two ids (the ranks are the ids; an added token after them, in the
+    table but not a merge, never takes part)."""
+    import tiktoken
+
+    enc = tiktoken.Encoding("t", pat_str=r"[\s\S]+", mergeable_ranks={t: i for i, t in enumerate(tokens)},
+                            special_tokens={"<s>": len(tokens)})
+    table = [*tokens, b"<s>"]
+    lengths = np.array([len(t) for t in table], np.int64)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64).tobytes()
+    include = bytes([1] * len(tokens) + [0])
+    built = bpe_table(b"".join(table), offsets, include)
+    n = len(table)
+    ids = st.integers(0, n - 1) | st.sampled_from([-1, n, n - 1])
+    pairs = data.draw(st.lists(st.tuples(ids, ids), max_size=30))
+    a = np.array([p[0] for p in pairs], np.int64).tobytes()
+    b = np.array([p[1] for p in pairs], np.int64).tobytes()
+    want = [int(0 <= x < len(tokens) and 0 <= y < len(tokens) and enc._encode_single_piece(table[x] + table[y]) == [x, y])
+            for x, y in pairs]
+    assert list(bpe_pairs(a, b, b"".join(table), offsets, built)) == want
+
+
+@pytest.mark.skipif(not kernel.COMPILED, reason="the compiled kernel is not built here (CI requires it)")
+def test_bpe_refuses_what_it_cannot_read():
+    table = _kernel.bpe_table(b"ab", np.array([0, 1, 2], np.int64).tobytes(), b"\1\1")
+    for bad in ([b"\0" * 7, b"\0" * 8, b"ab", np.array([0, 1, 2], np.int64).tobytes(), table],
+                [b"\0" * 8, b"\0" * 8, b"ab", np.array([0, 2, 1], np.int64).tobytes(), table],
+                [b"\0" * 8, b"\0" * 8, b"ab", np.array([0, 1, 2], np.int64).tobytes(), table[:-8]]):
+        with pytest.raises(ValueError):
+            _kernel.bpe_pairs(*bad)
+    with pytest.raises(ValueError):
+        _kernel.bpe_table(b"ab", np.array([0, 1, 2], np.int64).tobytes(), b"\1")

@@ -23,7 +23,10 @@ from recon.tokenizers.fast.derive import derived_boundaries
 from recon.tokenizers.fast.pretokenize import Boundaries, for_tiktoken
 from recon.tokenizers.fast.glue import SpecialGlue
 from recon.tokenizers.fast.equivalents import EQUIVALENTS
-from recon.tokenizers.fast.cjkruns import KIMI_GROUPS, ONE_GROUP, SPACED, PairCheck, group_table, pairs_pay, placeholders, unreachable_pairs
+from recon.kernel import COMPILED
+from recon.tokenizers.fast.rankpairs import rank_pairs
+from recon.tokenizers.fast.cjkids import layout
+from recon.tokenizers.fast.cjkruns import FEW, ISOLATED, KIMI_GROUPS, ONE_GROUP, SPACED, PairCheck, group_table, pairs_pay, placeholders, unreachable_pairs
 from recon.tokenizers.fast.wordcache import WordCache, prefixes_of_others
 from recon.tokenizers.ranks import tokens_by_rank
 from recon.tokenizers.tokenizer import Tokenizer
@@ -168,27 +171,50 @@ class TiktokenTokenizer(Tokenizer):
     def _cjk_pairs(self, bits: int) -> PairCheck | None:
         """Runs of CJK tokens confirmed by their pairs (:mod:`recon.tokenizers.fast.cjkruns`) for
         the families whose patterns use CJK letters only in runs of letters (all three: Kimi's
-        keeps Han apart); each pair by the core's BPE alone (which gives a piece that is a token
-        that token, so a pair whose bytes are a token fails)."""
+        keeps Han apart, and its Han runs are isolated); each pair by the core's BPE alone (which
+        gives a piece that is a token that token, so a pair whose bytes are a token fails), run
+        by recon in C on the ranks where the kernel is compiled
+        (:mod:`recon.tokenizers.fast.rankpairs`), else through the core. Runs are read off
+        per-id tables where the vocabulary holds many CJK tokens (Qwen's, Kimi's), from the
+        batch's bytes where few (cl100k's: Chinese is mostly byte pieces there)."""
         piece = getattr(self._core, "_encode_single_piece", None)
         groups = {KIMI.pattern: KIMI_GROUPS, QWEN3_5.pattern: ONE_GROUP, CL100K.pattern: ONE_GROUP}.get(self.family.pattern)
         if piece is None or os.environ.get("RECON_CJK_PAIRS") == "0" or groups is None:
             return None
         table, added = self.token_bytes, self.added_ids
         pure = lambda data: [piece(d) for d in data]  # noqa: E731
-        if not pairs_pay(lambda: group_table(table, groups, added), False):
-            return None
+        ranks = getattr(self._core, "_mergeable_ranks", None)
+        cheap = COMPILED and ranks is not None  # (pairs tested in C on the ranks)
         groups_table = group_table(table, groups, added)
+        if not pairs_pay(lambda: groups_table, False, cheap):
+            return None
         found = placeholders(groups, table, pure, SPACED[groups], groups_table)
         space = pure([b" "])[0]
         if found is None or len(space) != 1:
             return None
+        test = rank_pairs(table, ranks.values()) if cheap else self._core_pair_test(table, piece)
+
+        def unreachable() -> list[tuple[int, int]] | None:
+            # the BPE alone of a token's bytes, without the core's look-up of a whole piece: the
+            # bytes then 0xFF, a byte no longer token holds (so no merge takes it), cut off after
+            lengths = self.length_array
+            where = np.flatnonzero(layout(table).data == 0xFF)
+            if (lengths[np.searchsorted(np.cumsum(lengths), where, side="right")] > 1).any():
+                return None
+            return _cached_pairs(table, self.length_array, lambda: unreachable_pairs(
+                table, added, lambda data: [piece(d + b"\xff")[:-1] for d in data]))
+
+        return PairCheck(table, added, groups, found, bits, test, unreachable, spaced=SPACED[groups], space=space[0],
+                         table=groups_table, isolated=ISOLATED[groups], whole_piece=True,
+                         by_id=int((groups_table > 0).sum()) > FEW)
+
+    def _core_pair_test(self, table: list[bytes], piece):
+        """The pair test through the core (where recon's C BPE is not built): pairs of one group
+        glued with an added token, many to one encode (the text between two added tokens is
+        encoded alone, and a pair of one group is one piece of it); the others one piece each."""
         glue = self._special_glue()
 
         def test(a, b, same) -> np.ndarray:
-            """Pairs of one group glued with an added token, many to one encode (the text
-            between two added tokens is encoded alone, and a pair of one group is one piece of
-            it); the others one piece each."""
             ok = np.zeros(len(a), dtype=bool)
             rest = np.flatnonzero(~same) if glue is not None else np.arange(len(a))
             if glue is not None:
@@ -200,18 +226,7 @@ class TiktokenTokenizer(Tokenizer):
             ok[rest] = [piece(table[x] + table[y]) == [x, y] for x, y in zip(xs, ys)]
             return ok
 
-        def unreachable() -> list[tuple[int, int]] | None:
-            # the BPE alone of a token's bytes, without the core's look-up of a whole piece: the
-            # bytes then 0xFF, a byte no longer token holds (so no merge takes it), cut off after
-            lengths = self.length_array
-            where = np.flatnonzero(np.frombuffer(b"".join(table), np.uint8) == 0xFF)
-            if (lengths[np.searchsorted(np.cumsum(lengths), where, side="right")] > 1).any():
-                return None
-            return _cached_pairs(table, self.length_array, lambda: unreachable_pairs(
-                table, added, lambda data: [piece(d + b"\xff")[:-1] for d in data]))
-
-        return PairCheck(table, added, groups, found, bits, test, unreachable, spaced=SPACED[groups], space=space[0],
-                         table=groups_table)
+        return test
 
     def _encode_plain(self, texts: Sequence[str], allow_special: bool) -> list[list[int]]:
         """:meth:`encode` of each text, through the word cache where there is one."""

@@ -236,21 +236,18 @@ class CanonicalCheck:
         found = skeletons(self.pairs, flat, starts, counts, extracted, self._added)
         if found is None:
             return None
-        take, skeleton, sizes = found
+        take, skeleton, piece_at, piece_sample = found
         confirmed = np.zeros(len(wide), dtype=bool)
         if not take.any():
             return confirmed
-        take_all = np.zeros(len(wide), dtype=bool)
-        take_all[np.flatnonzero(wide)[take]] = True
-        take = take_all
-        sstarts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        at, size, where, keys, kind, first = (np.frombuffer(part, np.int64) for part in unsettled(
-            skeleton, sstarts, self._cut_table, self._rules_bytes, self._bits, self._pack, self._single, self._runs))
-        good, tuples = self._settle(skeleton, at, size, keys.view(np.uint64), kind, first)
-        self._trim(skeleton, sstarts, tuples)
-        whole = np.ones(len(sizes), dtype=bool)
-        whole[where[~good]] = False
-        confirmed[np.flatnonzero(take)[whole]] = True
+        whole = take.copy()
+        if len(piece_at):
+            at, size, where, keys, kind, first = (np.frombuffer(part, np.int64) for part in unsettled(
+                skeleton, piece_at, self._cut_table, self._rules_bytes, self._bits, self._pack, self._single, self._runs))
+            good, tuples = self._settle(skeleton, at, size, keys.view(np.uint64), kind, first)
+            self._trim(skeleton, piece_at, tuples)
+            whole[piece_sample[where[~good]]] = False
+        confirmed[np.flatnonzero(wide)[whole]] = True
         return confirmed
 
     def _spelled(self, texts, guesses, decoded, which: list[int], known: list[bool], ascii_: list[bool]) -> list[bool]:

@@ -66,6 +66,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from recon.kernel import KeySet
+from recon.tokenizers.fast.cjkids import id_tables, layout
 
 #: The code points of each kind of letter (all three bytes long in UTF-8).
 H = ((0x4E00, 0x9FA5),)
@@ -79,6 +80,13 @@ DEEPSEEK_V4_GROUPS = (H + KANA, HANGUL)
 #: (the letters' pattern takes one character before them, a space among them; Kimi's Han and
 #: DeepSeek-V4's CJK split isolate the run alone).
 SPACED = {ONE_GROUP: (True,), KIMI_GROUPS: (False, True), DEEPSEEK_V4_GROUPS: (False, True)}
+#: Per group of each: None, or the group's runs are *isolated*: the pattern makes every run of
+#: the group, with no character of the class that takes it around, one pre-token of its own
+#: (Kimi's ``[\\p{Han}]+``, the only alternative that takes Han; DeepSeek-V4's CJK split), and
+#: then the characters besides ASCII and the other groups' known to lie outside that class
+#: (see :func:`skeletons`).
+COMMON_PUNCTUATION = "，。、！？：；（）「」『』【】《》〈〉“”‘’…—・"  # (script Common: none is Han)
+ISOLATED = {ONE_GROUP: (None,), KIMI_GROUPS: (COMMON_PUNCTUATION, None), DEEPSEEK_V4_GROUPS: (None, None)}
 #: one character of each kind that is a token of its own in the vocabularies recon knows
 PLACEHOLDERS = {H: "一中人大的", KANA: "のにはをるいした", HANGUL: "이의다는가에하"}
 
@@ -88,17 +96,15 @@ def group_table(token_bytes: Sequence[bytes], groups: Sequence[tuple[tuple[int, 
     """Per id: 1 + the index of the group whose characters the token's bytes are (one or more
     whole ones, UTF-8), else 0 (ids in ``skip``, added tokens, always 0)."""
     n = len(token_bytes)
-    lengths = np.fromiter(map(len, token_bytes), np.int64, n)
-    data = np.frombuffer(b"".join(token_bytes) + b"\0\0\0", np.uint8).astype(np.int32)
-    b0, b1, b2 = data[:-3], data[1:-2], data[2:-1]
-    code = ((b0 & 0x0F) << 12) | ((b1 & 0x3F) << 6) | (b2 & 0x3F)
-    three = ((b0 & 0xF0) == 0xE0) & ((b1 & 0xC0) == 0x80) & ((b2 & 0xC0) == 0x80)
+    vocab = layout(token_bytes)
+    lengths = vocab.lengths
+    code, three = vocab.codes()
     of = np.zeros(1 << 16, np.int8)  # the group of each code point of the BMP
     for g, ranges in enumerate(groups, 1):
         for lo, hi in ranges:
             of[lo : hi + 1] = g
     char_group = np.where(three, of[code & 0xFFFF], 0)
-    begins = np.cumsum(lengths) - lengths
+    begins = vocab.begins
     ends = begins + lengths
     ok = (lengths > 0) & (lengths % 3 == 0)
     last = np.where(ok, ends - 3, 0)
@@ -129,7 +135,8 @@ class PairCheck:
     def __init__(self, token_bytes: Sequence[bytes], added: frozenset[int], groups, placeholders: Sequence[int],
                  bits: int, test: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
                  unreachable: Callable[[], list[tuple[int, int]] | None] | None = None, max_pairs: int = 1 << 20,
-                 spaced: Sequence[bool] = (), space: int | None = None, table: np.ndarray | None = None):
+                 spaced: Sequence[bool] = (), space: int | None = None, table: np.ndarray | None = None,
+                 isolated: Sequence[str | None] = (), whole_piece: bool = False, by_id: bool = False):
         self._token_bytes = token_bytes
         self._added = added
         self._groups = groups
@@ -139,6 +146,17 @@ class PairCheck:
         #: token of a space alone
         self.spaced = np.array([False, *spaced], dtype=bool) if space is not None else np.zeros(len(groups) + 1, bool)
         self.space = space
+        #: per group index: its runs are isolated (:data:`ISOLATED`); ``_outside[g, c]``: code
+        #: point c (ASCII, another group's, or one listed) lies outside the class isolating g's runs
+        self.isolated = np.array([False, *(x is not None for x in isolated)], dtype=bool)
+        self._outside_chars = [None, *isolated]
+        #: a pre-token that is one token is that token, whatever the merges make of its bytes
+        #: (tiktoken's whole-piece look-up): then a run token alone between two certain cuts is
+        #: its own encoding with no pair to test
+        self.whole_piece = whole_piece
+        #: runs read off per-id tables (:mod:`recon.tokenizers.fast.cjkids`) where the vocabulary
+        #: holds more than :data:`FEW` CJK tokens, else from the batch's bytes
+        self.by_id = by_id
         #: per group index (1 + its place in ``groups``): its placeholder (index 0: unused)
         self.placeholders = np.array([0, *placeholders], dtype=np.int64)
         self._bits = bits
@@ -157,17 +175,24 @@ class PairCheck:
     def _vocabulary(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every token's bytes laid end to end, each token's first byte there, and its length."""
         if self.__dict__.get("_vocab") is None:
-            lengths = np.fromiter(map(len, self._token_bytes), np.int64, len(self._token_bytes))
-            self._vocab = (np.frombuffer(b"".join(self._token_bytes), np.uint8), np.cumsum(lengths) - lengths, lengths)
+            vocab = layout(self._token_bytes)
+            self._vocab = (vocab.data, vocab.begins, vocab.lengths)
         return self._vocab
 
     def groups_of(self, flat: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per token of ``flat`` (samples from ``starts``): the group (1-based) whose characters
         every one of its bytes belongs to, in the sample's text, else 0 (an added token always
         0); whether it is a space then its group's characters (see :attr:`spaced`); whether its
-        first byte starts a character (or is such a space), and whether its last ends one. A token
+        first byte starts a character (or is such a space), and whether its last ends one; where
+        a group's runs are isolated, the code point of its first and last character (ASCII or
+        three bytes long, else -1; None, None otherwise). A token
         may hold part of a character (byte-level vocabularies split rare ones): its group is
         then read off the whole character, which its neighbours complete."""
+        if self.by_id:
+            group, opened, first_code, last_code = self._id_tables()
+            out, spaced = group[flat], opened[flat]
+            whole = np.ones(len(flat), dtype=bool)  # (a run token is whole characters)
+            return out, spaced, whole, whole, first_code[flat], last_code[flat]
         data, first, lengths = self._vocabulary()
         size = lengths[flat]
         ends = np.cumsum(size)
@@ -215,7 +240,20 @@ class PairCheck:
         spaced &= out > 0
         last = ends[some] - 1
         ends_char[some] = (last >= 2) & lead[np.maximum(last - 2, 0)]
-        return out, spaced, starts_char, ends_char
+        if not self.isolated.any():
+            return out, spaced, starts_char, ends_char, None, None
+        # each token's first and last character's code point where it is ASCII or three bytes
+        # long (-1 otherwise: never outside)
+        codes = np.where(lead, code, np.where(text < 0x80, text, -1)) if total else np.zeros(0, np.int64)
+        first_code = np.full(len(flat), -1, np.int64)
+        last_code = np.full(len(flat), -1, np.int64)
+        first_code[some] = codes[begin[some]]
+        ascii_last = np.zeros(len(flat), dtype=bool)
+        ascii_last[some] = text[last] < 0x80
+        last_code[ascii_last] = text[ends[ascii_last] - 1]
+        three = ends_char & ~ascii_last & (size >= 3)
+        last_code[three] = code[ends[three] - 3]
+        return out, spaced, starts_char, ends_char, first_code, last_code
 
     def _code_groups(self) -> np.ndarray:
         """The group of each code point of the BMP (0: none)."""
@@ -226,6 +264,37 @@ class PairCheck:
                     of[lo : hi + 1] = g
             self._of = of
         return self._of
+
+    def _id_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`recon.tokenizers.fast.cjkids.id_tables` of this vocabulary (built on first use)."""
+        if self.__dict__.get("_ids") is None:
+            self._ids = id_tables(self._token_bytes, self.table, self._code_groups(), self.spaced, self._added_mask())
+        return self._ids
+
+    def solid(self) -> np.ndarray:
+        """Per code point of the BMP: a character no pattern reads as whitespace (ASCII but
+        space and control characters, the groups' letters, CJK punctuation)."""
+        if self.__dict__.get("_solid") is None:
+            table = self._code_groups() > 0
+            table[0x21:0x7F] = True
+            table[[ord(c) for c in COMMON_PUNCTUATION]] = True
+            self._solid = table
+        return self._solid
+
+    def outside(self) -> np.ndarray:
+        """Per group index and code point of the BMP: whether the character lies outside the
+        class that isolates the group's runs (ASCII, another group's, or one listed)."""
+        if self.__dict__.get("_outside") is None:
+            of = self._code_groups()
+            table = np.zeros((len(self._groups) + 1, 1 << 16), dtype=bool)
+            for g, chars in enumerate(self._outside_chars):
+                if chars is None:
+                    continue
+                table[g, :0x80] = True
+                table[g] |= (of > 0) & (of != g)
+                table[g, [ord(c) for c in chars]] = True
+            self._outside = table
+        return self._outside
 
     def _added_mask(self) -> np.ndarray:
         if self.__dict__.get("_added_np") is None:
@@ -247,6 +316,10 @@ class PairCheck:
         self._vocabulary()
         self._code_groups()
         self._added_mask()
+        self.outside()
+        self.solid()
+        if self.by_id:
+            self._id_tables()
         if self._unreachable is not None:
             bad = self._unreachable()
             self._unreachable = None
@@ -293,19 +366,21 @@ class PairCheck:
 FEW = 4096
 
 
-def pairs_pay(table: Callable[[], np.ndarray], batched: bool) -> bool:
+def pairs_pay(table: Callable[[], np.ndarray], batched: bool, cheap: bool = False) -> bool:
     """Whether the pair check is used (``RECON_CJK_PAIRS``: ``1`` always, ``0`` never): by default
-    where the vocabulary holds at most :data:`FEW` tokens of whole CJK characters (``table()``:
-    :func:`group_table`'s, built only then) and the core tests pairs many to a call (``batched``: ``tokenizers``'
-    model alone). Then CJK text is mostly byte pieces, whose pairs repeat within a chunk or two,
-    and the core's own encode of CJK is slow (SmolLM2: 2.0x faster checks on the catalogs). With
-    tens of thousands of CJK tokens (Qwen, Kimi, DeepSeek) a cold run's pairs don't repeat enough
-    at this size, and tiktoken's encode of CJK costs about what its pairs' tests cost: measured,
-    no gain (docs/benchmarks.md), so those keep the usual check."""
+    where pairs are tested without the core (``cheap``: tiktoken's BPE run by recon in C on the
+    ranks, :mod:`recon.tokenizers.fast.rankpairs`), or where the vocabulary holds at most
+    :data:`FEW` tokens of whole CJK characters (``table()``: :func:`group_table`'s, built only
+    then) and the core tests pairs many to a call (``batched``: ``tokenizers``' model alone).
+    Then CJK text is mostly byte pieces, whose pairs repeat within a chunk or two, and the core's
+    own encode of CJK is slow (SmolLM2: 2.0x faster checks on the catalogs). With tens of
+    thousands of CJK tokens and pairs tested through the core (DeepSeek-V4's ``tokenizers``
+    model) a cold run's pairs cost what encoding the text costs: measured, no gain
+    (docs/benchmarks.md), so that keeps the usual check."""
     forced = os.environ.get("RECON_CJK_PAIRS")
     if forced in ("0", "1"):
         return forced == "1"
-    return batched and int((table() > 0).sum()) <= FEW
+    return cheap or (batched and int((table() > 0).sum()) <= FEW)
 
 
 def placeholders(groups, token_bytes: Sequence[bytes], encode_piece: Callable[[list[bytes]], list[list[int]]],
@@ -317,13 +392,11 @@ def placeholders(groups, token_bytes: Sequence[bytes], encode_piece: Callable[[l
     (``spaced``), one BPE keeps apart from a space before it. ``table``: :func:`group_table`'s."""
     space = encode_piece([b" "])[0]
     table = group_table(token_bytes, groups) if table is None else table
-    lengths = np.fromiter(map(len, token_bytes), np.int64, len(token_bytes))
-    data = np.frombuffer(b"".join(token_bytes) + b"\0\0", np.uint8).astype(np.int32)
-    b0, b1, b2 = data[:-2], data[1:-1], data[2:]
-    lead = ((b0 & 0xF0) == 0xE0) & ((b1 & 0xC0) == 0x80) & ((b2 & 0xC0) == 0x80)
-    code = ((b0 & 0x0F) << 12) | ((b1 & 0x3F) << 6) | (b2 & 0x3F)
+    vocab = layout(token_bytes)
+    lengths = vocab.lengths
+    code, lead = vocab.codes()
     held = np.bincount(code[lead], minlength=1 << 16)  # how often each character stands in the vocabulary
-    starts = np.cumsum(lengths) - lengths
+    starts = vocab.begins
     out = []
     for g, group in enumerate(groups, 1):
         chars = [c for kind in (H, KANA, HANGUL) if set(kind) <= set(group) for c in PLACEHOLDERS[kind]]
@@ -349,8 +422,8 @@ def unreachable_pairs(token_bytes: Sequence[bytes], added: frozenset[int],
                       pure: Callable[[list[bytes]], list[list[int]]]) -> list[tuple[int, int]]:
     """Every adjacent pair of the BPE of each token holding a CJK character (a lead byte
     0xE3..0xED) whose BPE is not the token itself (ids outside the vocabulary's table aside)."""
-    lengths = np.fromiter(map(len, token_bytes), np.int64, len(token_bytes))
-    data = np.frombuffer(b"".join(token_bytes), np.uint8)
+    vocab = layout(token_bytes)
+    lengths, data = vocab.lengths, vocab.data
     lead = ((data >= 0xE3) & (data <= 0xED)).astype(np.int64)
     begins = np.cumsum(lengths) - lengths
     has = np.zeros(len(token_bytes), bool)
@@ -366,12 +439,13 @@ def unreachable_pairs(token_bytes: Sequence[bytes], added: frozenset[int],
 
 
 def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np.ndarray, extracted: np.ndarray,
-              added: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+              added: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The samples (``flat`` from ``starts``, ``counts`` ids each) whose runs' pairs all pass, whose
     added tokens are where their ids hold them (``extracted``) and whose runs are whole
-    characters; per such sample its skeleton's ids, end to end, and their counts (``added``: per
-    id, an added token). None where no sample has a run."""
-    group, spaced, starts_char, ends_char = pairs.groups_of(flat, starts)
+    characters (``take``); their skeletons' ids, end to end, cut into pieces each checked alone:
+    where each piece starts in them, and whose sample it is (``added``: per id, an added token).
+    A taken sample with no piece is confirmed by its pairs alone. None where no sample has a run."""
+    group, spaced, starts_char, ends_char, first_code, last_code = pairs.groups_of(flat, starts)
     run = group > 0
     if not run.any():
         return None
@@ -383,26 +457,63 @@ def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np
     closes = np.zeros(len(flat), dtype=bool)  # a run's last token
     closes[:-1] = run[:-1] & ~after[1:]
     closes[-1] = run[-1]
-    # the pairs inside each run and at its edges (an added token's edge is a cut: not one, nor
-    # the edge before a run a space opens, which its group's pattern always cuts)
     a, b = flat[:-1], flat[1:]
-    need = np.flatnonzero(same & (run[:-1] | run[1:]) & ~added[a] & ~added[b] & ~spaced[1:])
+    # certain cuts at a run's edges: an added token, the sample's ends, a space that opens a run
+    # (its group's pattern always cuts before it), and an isolated run's edge where the
+    # character next to it lies outside the class that isolates it
+    cut_after = np.ones(len(flat), dtype=bool)  # after each token (the sample's last: its end)
+    cut_after[:-1] = ~same | added[a] | added[b] | spaced[1:]
+    if first_code is not None and pairs.isolated.any():
+        outside = pairs.outside()
+        iso = pairs.isolated[group]
+        right = np.zeros(len(flat) - 1, dtype=bool)  # a run closes, the next character outside its class
+        at = np.flatnonzero(closes[:-1] & iso[:-1] & (first_code[1:] >= 0))
+        right[at] = outside[group[at], first_code[at + 1]]
+        left = np.zeros(len(flat) - 1, dtype=bool)  # a run opens, the character before outside its class
+        at = np.flatnonzero(opens[1:] & iso[1:] & (last_code[:-1] >= 0))
+        left[at] = outside[group[at + 1], last_code[at]]
+        cut_after[:-1] |= same & (right | left)
+    # the pairs inside each run and at its edges, but where the edge is a certain cut
+    need = np.flatnonzero(same & (run[:-1] | run[1:]) & ~cut_after[:-1])
     failed = np.zeros(len(counts), dtype=bool)
     tested = np.zeros(len(flat), dtype=bool)  # a run token in a tested pair
     if len(need):
         ok = pairs.ok(a[need], b[need])
         failed[sample[need[~ok]]] = True
         tested[need] = tested[need + 1] = True
+    if pairs.whole_piece:  # a run of one token between two certain cuts is a pre-token that is a token
+        cut_before = np.ones(len(flat), dtype=bool)
+        cut_before[1:] = cut_after[:-1]
+        tested |= opens & closes & cut_before & cut_after
     failed[sample[run & ~tested]] = True  # a run token no pair vouches for
     # a run is whole characters (its tokens may split one between them, not at its edges)
     failed[sample[(opens & ~starts_char) | (closes & ~ends_char)]] = True
     take = (np.add.reduceat(opens, starts) > 0) & ~failed & extracted
-    # the skeleton: each run one placeholder token of its group (after a space token where a
-    # space opens it)
-    keep = (~run | opens) & np.repeat(take, counts)
+    takes = np.repeat(take, counts)
+    # the skeleton cut into pieces at certain cuts after a character that is no whitespace
+    # (only whitespace is read differently at the end of a text: the patterns' lookahead), each
+    # piece checked as a text of its own; a run with certain cuts on both sides is a whole
+    # pre-token, confirmed by its pairs, and drops out where a piece ends before it
+    split = np.zeros(len(flat), dtype=bool)
+    drop = np.zeros(len(flat), dtype=bool)
+    if last_code is not None:
+        solid = (pairs.solid()[np.maximum(last_code, 0)] & (last_code >= 0)) | added[flat]
+        cut_before = np.ones(len(flat), dtype=bool)
+        cut_before[1:] = cut_after[:-1]
+        split[1:] = cut_before[1:] & solid[:-1]
+        split[starts] = True
+        open_at, close_at = np.flatnonzero(opens), np.flatnonzero(closes)
+        full = split[open_at] & cut_after[close_at]
+        drop = run & full[np.cumsum(opens) - 1]
+    split[starts] = True
+    # the rest: each run one placeholder token of its group (after a space token where a space
+    # opens it)
+    keep = ~drop & (~run | opens) & takes
     emit = keep.astype(np.int64) + (keep & opens & spaced)
     skeleton = np.repeat(np.where(opens, pairs.placeholders[group], flat), emit)
+    at = np.cumsum(emit) - emit  # where each token's ids start in the skeleton
     doubled = np.flatnonzero(emit == 2)
     if len(doubled):
-        skeleton[(np.cumsum(emit) - emit)[doubled]] = pairs.space
-    return take, skeleton, np.add.reduceat(emit, starts)[take]
+        skeleton[at[doubled]] = pairs.space
+    pieces = np.flatnonzero(keep & split)  # (a sample's first kept token starts one: after a dropped run, a cut)
+    return take, skeleton, at[pieces], sample[pieces]
