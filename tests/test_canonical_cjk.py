@@ -52,20 +52,26 @@ def toks(tokenizers, kimi):
             tok.__dict__["_canonical"] = kept[n]
 
 
-def test_pairs_on_by_default_only_where_they_pay(tokenizers):
-    """SmolLM2 (90 tokens of whole CJK characters, pairs tested in one call) and the tiktoken
-    vocabularies (pairs tested in C on the ranks, recon.tokenizers.fast.rankpairs) check runs by
-    pairs; DeepSeek-V4 (tens of thousands, through its model) keeps the usual check."""
+def test_pairs_on_by_default_only_where_they_pay(tokenizers, kimi):
+    """SmolLM2 (90 tokens of whole CJK characters, pairs tested in one call) and Kimi (Han runs
+    isolated, pairs tested in C on the ranks, recon.tokenizers.fast.rankpairs) check runs by
+    pairs; DeepSeek-V4, Qwen3.6 and cl100k keep the usual check."""
     from recon import kernel
     from recon.tokenizers.fast.cjkruns import pairs_pay
 
     assert pairs_pay(lambda: GROUP_TABLES["smollm2"](tokenizers["smollm2"]), True)
     assert not pairs_pay(lambda: GROUP_TABLES["deepseek-v4"](tokenizers["deepseek-v4"]), True)
     assert not pairs_pay(lambda: GROUP_TABLES["qwen3.6"](tokenizers["qwen3.6"]), False)
-    if kernel.COMPILED and os.environ.get("RECON_CJK_PAIRS") is None:
-        for name in ("qwen3.6", "cl100k"):
-            tokenizers[name].__dict__.pop("_canonical", None)
-            assert tokenizers[name].canonical_check().pairs is not None, name
+    if os.environ.get("RECON_CJK_PAIRS") is None:
+        for name, tok in (("qwen3.6", tokenizers["qwen3.6"]), ("cl100k", tokenizers["cl100k"]), ("kimi", kimi)):
+            kept = tok.__dict__.pop("_canonical", None)
+            try:
+                on = tok.canonical_check().pairs is not None
+            finally:
+                tok.__dict__.pop("_canonical", None)
+                if kept is not None:
+                    tok.__dict__["_canonical"] = kept
+            assert on == (name == "kimi" and kernel.COMPILED), name
 
 
 GROUP_TABLES = {name: (lambda tok, name=name: group_table(tok.token_bytes, GROUPS[name], tok.added_ids))

@@ -184,7 +184,11 @@ class TiktokenTokenizer(Tokenizer):
         table, added = self.token_bytes, self.added_ids
         pure = lambda data: [piece(d) for d in data]  # noqa: E731
         ranks = getattr(self._core, "_mergeable_ranks", None)
-        cheap = COMPILED and ranks is not None  # (pairs tested in C on the ranks)
+        # pairs tested in C on the ranks pay where the pattern isolates a group's runs (Kimi's
+        # Han): the usual check learns whole lines there, the pairs a clause each; where CJK
+        # letters take an ASCII letter's class (Qwen, cl100k) the usual check's stretches are
+        # already pre-tokens, as cheap to encode as their pairs are to test (measured)
+        cheap = COMPILED and ranks is not None and any(x is not None for x in ISOLATED[groups])
         groups_table = group_table(table, groups, added)
         if not pairs_pay(lambda: groups_table, False, cheap):
             return None

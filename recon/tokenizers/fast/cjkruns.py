@@ -368,15 +368,15 @@ FEW = 4096
 
 def pairs_pay(table: Callable[[], np.ndarray], batched: bool, cheap: bool = False) -> bool:
     """Whether the pair check is used (``RECON_CJK_PAIRS``: ``1`` always, ``0`` never): by default
-    where pairs are tested without the core (``cheap``: tiktoken's BPE run by recon in C on the
-    ranks, :mod:`recon.tokenizers.fast.rankpairs`), or where the vocabulary holds at most
-    :data:`FEW` tokens of whole CJK characters (``table()``: :func:`group_table`'s, built only
-    then) and the core tests pairs many to a call (``batched``: ``tokenizers``' model alone).
-    Then CJK text is mostly byte pieces, whose pairs repeat within a chunk or two, and the core's
-    own encode of CJK is slow (SmolLM2: 2.0x faster checks on the catalogs). With tens of
-    thousands of CJK tokens and pairs tested through the core (DeepSeek-V4's ``tokenizers``
-    model) a cold run's pairs cost what encoding the text costs: measured, no gain
-    (docs/benchmarks.md), so that keeps the usual check."""
+    where it is ``cheap`` (the tokenizer says: tiktoken's BPE run by recon in C on the ranks,
+    :mod:`recon.tokenizers.fast.rankpairs`, where the pattern isolates a group's runs), or where
+    the vocabulary holds at most :data:`FEW` tokens of whole CJK characters (``table()``:
+    :func:`group_table`'s, built only then) and the core tests pairs many to a call (``batched``:
+    ``tokenizers``' model alone). Then CJK text is mostly byte pieces, whose pairs repeat within
+    a chunk or two, and the core's own encode of CJK is slow (SmolLM2: 2.0x faster checks on the
+    catalogs). Elsewhere a cold run's pairs cost what encoding the text costs (DeepSeek-V4's
+    through its model; Qwen's and cl100k's in C, where the usual check's stretches are
+    pre-tokens already): measured, no gain (docs/benchmarks.md), so those keep the usual check."""
     forced = os.environ.get("RECON_CJK_PAIRS")
     if forced in ("0", "1"):
         return forced == "1"
@@ -481,9 +481,9 @@ def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np
         ok = pairs.ok(a[need], b[need])
         failed[sample[need[~ok]]] = True
         tested[need] = tested[need + 1] = True
+    cut_before = np.ones(len(flat), dtype=bool)
+    cut_before[1:] = cut_after[:-1]
     if pairs.whole_piece:  # a run of one token between two certain cuts is a pre-token that is a token
-        cut_before = np.ones(len(flat), dtype=bool)
-        cut_before[1:] = cut_after[:-1]
         tested |= opens & closes & cut_before & cut_after
     failed[sample[run & ~tested]] = True  # a run token no pair vouches for
     # a run is whole characters (its tokens may split one between them, not at its edges)
@@ -498,8 +498,6 @@ def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np
     drop = np.zeros(len(flat), dtype=bool)
     if last_code is not None:
         solid = (pairs.solid()[np.maximum(last_code, 0)] & (last_code >= 0)) | added[flat]
-        cut_before = np.ones(len(flat), dtype=bool)
-        cut_before[1:] = cut_after[:-1]
         split[1:] = cut_before[1:] & solid[:-1]
         split[starts] = True
         open_at, close_at = np.flatnonzero(opens), np.flatnonzero(closes)
