@@ -1121,13 +1121,53 @@ done:
     return out;
 }
 
-/* Whether tiktoken's single-piece encode of p[0:len] is exactly [a, b] (a's bytes p[0:cut]). */
-static int bpe_pair(const Bpe *v, const unsigned char *p, Py_ssize_t len, Py_ssize_t cut, long long a, long long b,
-                    Py_ssize_t *pos, long long *rank) {
+/* A token's own BPE, step by step: the rank of each merge, and after it where the first part
+ * ends and where the last part starts. A pair's BPE is its two tokens' own, interleaved by rank,
+ * until a merge crosses their edge: merges inside a token only see that token's parts, so they
+ * come in the same order as when it is alone; the candidate across the edge is the rank of a's
+ * last part joined to b's first part, and it is taken where it is the leftmost lowest (a's
+ * candidates lie left of it, b's right: a tie goes to a's merge, or to the crossing one before
+ * b's). So the pair's BPE is [a, b] iff each token's own ends in itself and no crossing
+ * candidate is ever taken; the whole piece being a token (tiktoken's look-up) is the crossing
+ * candidate once both are whole. Each candidate is looked up when a's last part or b's first
+ * part changes: a few look-ups a pair, not a BPE of its bytes. */
+typedef struct {
+    long long *rank;        /* per merge */
+    int *first_end, *last_start;
+    Py_ssize_t used, room;
+} Traces;
+
+static int traces_grow(Traces *t, Py_ssize_t more) {
+    if (t->used + more <= t->room)
+        return 0;
+    Py_ssize_t room = t->room ? t->room : 1024;
+    while (room < t->used + more)
+        room *= 2;
+    long long *rank = PyMem_Realloc(t->rank, (size_t)room * sizeof *rank);
+    if (rank == NULL)
+        return -1;
+    t->rank = rank;
+    int *first_end = PyMem_Realloc(t->first_end, (size_t)room * sizeof *first_end);
+    if (first_end == NULL)
+        return -1;
+    t->first_end = first_end;
+    int *last_start = PyMem_Realloc(t->last_start, (size_t)room * sizeof *last_start);
+    if (last_start == NULL)
+        return -1;
+    t->last_start = last_start;
+    t->room = room;
+    return 0;
+}
+
+/* Token id's own BPE (no whole-piece look-up) appended to t; *count: its merges; returns 1 where
+ * it ends in the token itself, 0 where not, -1 out of memory. pos, rank: room for len + 1. */
+static int bpe_trace(const Bpe *v, long long id, Traces *t, Py_ssize_t *count, Py_ssize_t *pos, long long *rank) {
     const long long none = LLONG_MAX;
-    if (bpe_find(v, p, len) >= 0)
-        return 0; /* the whole piece is a token: that token */
-    Py_ssize_t parts = len + 1; /* pos[0..parts-1]: where each part starts, then len */
+    const unsigned char *p = v->data + v->offsets[id];
+    Py_ssize_t len = v->offsets[id + 1] - v->offsets[id], parts = len + 1;
+    *count = 0;
+    if (traces_grow(t, len) < 0)
+        return -1;
     for (Py_ssize_t k = 0; k <= len; k++)
         pos[k] = k;
     for (Py_ssize_t k = 0; k + 1 < len; k++) {
@@ -1143,7 +1183,6 @@ static int bpe_pair(const Bpe *v, const unsigned char *p, Py_ssize_t len, Py_ssi
                 best = rank[k], i = k;
         if (i < 0)
             break;
-        /* merge parts i and i + 1; the ranks of the pairs around it change */
         memmove(pos + i + 1, pos + i + 2, (size_t)(parts - i - 2) * sizeof *pos);
         memmove(rank + i + 1, rank + i + 2, (size_t)(parts - i - 2) * sizeof *rank);
         parts--;
@@ -1154,29 +1193,60 @@ static int bpe_pair(const Bpe *v, const unsigned char *p, Py_ssize_t len, Py_ssi
             } else
                 rank[k] = none;
         }
+        t->rank[t->used] = best;
+        t->first_end[t->used] = (int)pos[1];
+        t->last_start[t->used] = (int)pos[parts - 2];
+        t->used++;
+        (*count)++;
     }
-    return parts == 3 && pos[1] == cut && bpe_find(v, p, cut) == a && bpe_find(v, p + cut, len - cut) == b;
+    return parts == 2 && bpe_find(v, p, len) == id;
+}
+
+/* The rank of p[0:la] joined to q[0:lb], or LLONG_MAX (buf: room for la + lb). */
+static inline long long bpe_joined(const Bpe *v, const unsigned char *p, Py_ssize_t la, const unsigned char *q,
+                                   Py_ssize_t lb, unsigned char *buf) {
+    memcpy(buf, p, (size_t)la);
+    memcpy(buf + la, q, (size_t)lb);
+    long long r = bpe_find(v, buf, la + lb);
+    return r < 0 ? LLONG_MAX : r;
 }
 
 /* bpe_pairs(a, b, data, offsets, table) -> bytes: per pair (a[k], b[k], native int64 ids), 1 where
  * tiktoken's single-piece encode of a's bytes then b's is exactly [a, b], else 0 (an id out of
- * range: 0). */
+ * range, or of no bytes: 0). */
 static PyObject *bpe_pairs(PyObject *self, PyObject *args) {
     Py_buffer a, b, data, offsets, table;
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*", &a, &b, &data, &offsets, &table))
         return NULL;
     PyObject *out = NULL;
     Bpe v;
-    Py_ssize_t room = 0, n = a.len / 8;
-    Py_ssize_t *pos = NULL;
+    Traces t = {NULL, NULL, NULL, 0, 0};
+    Py_ssize_t n = a.len / 8, longest = 0;
+    Py_ssize_t *pos = NULL, *at = NULL, *many = NULL; /* per id: where its trace starts, -1 not yet; its merges */
     long long *rank = NULL;
-    unsigned char small[256], *piece = small;
+    signed char *whole = NULL; /* per id: its own BPE ends in itself */
+    unsigned char *buf = NULL;
     if (a.len % 8 || b.len != a.len) {
         PyErr_SetString(PyExc_ValueError, "bpe_pairs: expected two int64 buffers of one length");
         goto done;
     }
     if (bpe_vocab(&v, &data, &offsets, &table) < 0)
         goto done;
+    for (Py_ssize_t i = 0; i < v.n; i++)
+        if (v.offsets[i + 1] - v.offsets[i] > longest)
+            longest = v.offsets[i + 1] - v.offsets[i];
+    pos = PyMem_Malloc((size_t)(longest + 2) * sizeof *pos);
+    rank = PyMem_Malloc((size_t)(longest + 2) * sizeof *rank);
+    buf = PyMem_Malloc((size_t)(2 * longest + 2));
+    at = PyMem_Malloc((size_t)(v.n + 1) * sizeof *at);
+    many = PyMem_Malloc((size_t)(v.n + 1) * sizeof *many);
+    whole = PyMem_Malloc((size_t)(v.n + 1));
+    if (pos == NULL || rank == NULL || buf == NULL || at == NULL || many == NULL || whole == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i <= v.n; i++)
+        at[i] = -1;
     out = PyBytes_FromStringAndSize(NULL, n);
     if (out == NULL)
         goto done;
@@ -1184,37 +1254,66 @@ static PyObject *bpe_pairs(PyObject *self, PyObject *args) {
     const long long *x = a.buf, *y = b.buf;
     for (Py_ssize_t k = 0; k < n; k++) {
         ok[k] = 0;
-        if (x[k] < 0 || x[k] >= v.n || y[k] < 0 || y[k] >= v.n)
+        long long ids[2] = {x[k], y[k]};
+        int fine = 1;
+        for (int s = 0; s < 2 && fine; s++) {
+            long long id = ids[s];
+            if (id < 0 || id >= v.n || v.offsets[id + 1] == v.offsets[id]) {
+                fine = 0;
+                break;
+            }
+            if (at[id] < 0) {
+                Py_ssize_t from = t.used, count;
+                int got = bpe_trace(&v, id, &t, &count, pos, rank);
+                if (got < 0) {
+                    Py_CLEAR(out);
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                at[id] = from, many[id] = count, whole[id] = (signed char)got;
+            }
+            fine = whole[ids[s]];
+        }
+        if (!fine)
             continue;
-        Py_ssize_t la = v.offsets[x[k] + 1] - v.offsets[x[k]], lb = v.offsets[y[k] + 1] - v.offsets[y[k]];
-        if (la == 0 || lb == 0)
-            continue;
-        if (la + lb + 2 > room) {
-            room = 2 * (la + lb + 2);
-            PyMem_Free(pos);
-            PyMem_Free(rank);
-            if (piece != small)
-                PyMem_Free(piece);
-            pos = PyMem_Malloc((size_t)room * sizeof *pos);
-            rank = PyMem_Malloc((size_t)room * sizeof *rank);
-            piece = room <= (Py_ssize_t)sizeof small ? small : PyMem_Malloc((size_t)room);
-            if (pos == NULL || rank == NULL || piece == NULL) {
-                if (piece == NULL)
-                    piece = small;
-                Py_CLEAR(out);
-                PyErr_NoMemory();
-                goto done;
+        const unsigned char *p = v.data + v.offsets[x[k]], *q = v.data + v.offsets[y[k]];
+        Py_ssize_t la = v.offsets[x[k] + 1] - v.offsets[x[k]];
+        Py_ssize_t i = 0, j = 0, na = many[x[k]], nb = many[y[k]], ia = at[x[k]], jb = at[y[k]];
+        Py_ssize_t last = la - 1, first = 1; /* a's last part starts at last, b's first part ends at first */
+        long long cross = bpe_joined(&v, p + last, la - last, q, first, buf);
+        for (;;) {
+            long long na_rank = i < na ? t.rank[ia + i] : LLONG_MAX, nb_rank = j < nb ? t.rank[jb + j] : LLONG_MAX;
+            if (cross != LLONG_MAX && cross < na_rank && cross <= nb_rank)
+                break; /* the merge across the edge comes first */
+            if (na_rank == LLONG_MAX && nb_rank == LLONG_MAX) {
+                ok[k] = 1;
+                break;
+            }
+            if (na_rank <= nb_rank) {
+                Py_ssize_t now = t.last_start[ia + i++];
+                if (now != last) {
+                    last = now;
+                    cross = bpe_joined(&v, p + last, la - last, q, first, buf);
+                }
+            } else {
+                Py_ssize_t now = t.first_end[jb + j++];
+                if (now != first) {
+                    first = now;
+                    cross = bpe_joined(&v, p + last, la - last, q, first, buf);
+                }
             }
         }
-        memcpy(piece, v.data + v.offsets[x[k]], (size_t)la);
-        memcpy(piece + la, v.data + v.offsets[y[k]], (size_t)lb);
-        ok[k] = (char)bpe_pair(&v, piece, la + lb, la, x[k], y[k], pos, rank);
     }
 done:
     PyMem_Free(pos);
     PyMem_Free(rank);
-    if (piece != small)
-        PyMem_Free(piece);
+    PyMem_Free(buf);
+    PyMem_Free(at);
+    PyMem_Free(many);
+    PyMem_Free(whole);
+    PyMem_Free(t.rank);
+    PyMem_Free(t.first_end);
+    PyMem_Free(t.last_start);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
     PyBuffer_Release(&data);

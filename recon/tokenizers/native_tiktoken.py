@@ -188,15 +188,16 @@ class TiktokenTokenizer(Tokenizer):
         # Han): the usual check learns whole lines there, the pairs a clause each; where CJK
         # letters take an ASCII letter's class (Qwen, cl100k) the usual check's stretches are
         # already pre-tokens, as cheap to encode as their pairs are to test (measured)
-        cheap = COMPILED and ranks is not None and any(x is not None for x in ISOLATED[groups])
-        groups_table = group_table(table, groups, added)
-        if not pairs_pay(lambda: groups_table, False, cheap):
+        in_c = COMPILED and ranks is not None
+        if not pairs_pay(lambda: group_table(table, groups, added), False,
+                         in_c and any(x is not None for x in ISOLATED[groups])):
             return None
+        groups_table = group_table(table, groups, added)
         found = placeholders(groups, table, pure, SPACED[groups], groups_table)
         space = pure([b" "])[0]
         if found is None or len(space) != 1:
             return None
-        test = rank_pairs(table, ranks.values()) if cheap else self._core_pair_test(table, piece)
+        test = rank_pairs(table, ranks.values()) if in_c else self._core_pair_test(table, piece)
 
         def unreachable() -> list[tuple[int, int]] | None:
             # the BPE alone of a token's bytes, without the core's look-up of a whole piece: the
