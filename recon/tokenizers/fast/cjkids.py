@@ -51,11 +51,14 @@ def layout(token_bytes: Sequence[bytes]) -> Layout:
 
 def char_codes(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per byte of ``data`` (uint8): the code point of the three-byte UTF-8 character that
-    starts there, and whether one does."""
-    padded = np.concatenate((data, np.zeros(3, np.uint8))).astype(np.int64)
+    starts there (0 where none does), and whether one does."""
+    padded = np.concatenate((data, np.zeros(3, np.uint8)))
     b0, b1, b2 = padded[:-3], padded[1:-2], padded[2:-1]
     three = ((b0 & 0xF0) == 0xE0) & ((b1 & 0xC0) == 0x80) & ((b2 & 0xC0) == 0x80)
-    return ((b0 & 0x0F) << 12) | ((b1 & 0x3F) << 6) | (b2 & 0x3F), three
+    at = np.flatnonzero(three)
+    code = np.zeros(len(data), np.int32)
+    code[at] = ((b0[at].astype(np.int32) & 0x0F) << 12) | ((b1[at].astype(np.int32) & 0x3F) << 6) | (b2[at] & 0x3F)
+    return code, three
 
 
 def id_tables(token_bytes: Sequence[bytes], groups_table: np.ndarray, code_groups: np.ndarray,
