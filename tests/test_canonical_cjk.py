@@ -351,3 +351,39 @@ def test_runs_between_whitespace_and_other_han(toks, name, text, seed):
     native = tok.encode(text)
     guesses = [list(native), split_some(tok, native, rng), greedy(tok, text)]
     assert tok.encode_batch([text] * 3, guesses=guesses) == [native] * 3
+
+
+def test_whole_runs_with_a_failing_pair_are_encoded_again(toks, monkeypatch):
+    """Kimi: a Han run between characters outside its class is a pre-token of its own; one whose
+    ids split a token into two Han tokens fails a pair, and the sample's encoding is its ids with
+    that run encoded again (not the whole sample): the native encoding, every time."""
+    from recon.tokenizers.fast.canonical import CanonicalCheck
+
+    tok = toks["kimi-k2.5"]
+    table = tok.bytes_to_id
+    two = [t for t in tok.token_bytes[:150000] if len(t) == 6 and t.decode("utf-8", "replace")[:1] in HAN
+           and t.decode("utf-8", "replace")[1:] in HAN and t[:3] in table and t[3:] in table]
+    assert len(two) > 50
+    rng = random.Random(2)
+    texts, guesses = [], []
+    for _ in range(60):
+        words = [rng.choice(two).decode() for _ in range(rng.randrange(1, 4))]
+        text = "，".join(words) + rng.choice(["。", "\n", "%s", " ok"])
+        ids = tok.encode(text)
+        k = rng.choice([j for j, i in enumerate(ids) if tok.token_bytes[i] in two] or [None])
+        if k is not None:
+            data = tok.token_bytes[ids[k]]
+            ids = ids[:k] + [table[data[:3]], table[data[3:]]] + ids[k + 1:]
+        texts.append(text)
+        guesses.append(ids)
+    fixed = []
+    by_runs = CanonicalCheck._by_runs
+
+    def spy(self, *args):
+        got = by_runs(self, *args)
+        fixed.extend(got[1].values() if got is not None else [])
+        return got
+
+    monkeypatch.setattr(CanonicalCheck, "_by_runs", spy)
+    assert tok.encode_batch(texts, guesses=guesses) == [tok.encode(t) for t in texts]
+    assert fixed

@@ -160,10 +160,11 @@ class CanonicalCheck:
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         added = self._added[flat]
         extracted = self._added_where_held(texts, spelled, flat, starts, added)
-        confirmed = self._by_runs(flat, starts, counts, extracted) if self.pairs is not None else None
+        by_runs = self._by_runs(flat, starts, counts, extracted) if self.pairs is not None else None
+        confirmed, fixed = by_runs if by_runs is not None else (None, {})
         if confirmed is not None and confirmed.any():  # those are done; the rest go on as usual
-            for k in compress(spelled, confirmed.tolist()):
-                out[k] = list(guesses[k])
+            for s in np.flatnonzero(confirmed).tolist():
+                out[spelled[s]] = fixed.get(s) or list(guesses[spelled[s]])
             rest = ~confirmed
             if not rest.any():
                 return out
@@ -221,10 +222,13 @@ class CanonicalCheck:
             longs = self._long.intersection(tuples)
             self._long = longs if len(longs) <= self.max_runs // 2 else set()
 
-    def _by_runs(self, flat: np.ndarray, starts: np.ndarray, counts: np.ndarray, extracted: np.ndarray) -> np.ndarray | None:
-        """Per sample: whether its ids are confirmed by their runs of CJK tokens' pairs and their
+    def _by_runs(self, flat: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                 extracted: np.ndarray) -> tuple[np.ndarray, dict[int, list[int]]] | None:
+        """Per sample: whether its encoding is settled by its runs of CJK tokens' pairs and its
         skeleton (:mod:`recon.tokenizers.fast.cjkruns`); False for a sample with no such run, or
-        whose added tokens are not where its ids hold them. None where no sample has a run."""
+        whose added tokens are not where its ids hold them. And the encoding of each settled
+        sample whose ids are not it (a whole run that is a pre-token of its own, with a pair
+        that fails, encoded again: a cut splits the work). None where no sample has a run."""
         # samples at least half of whose tokens are outside ASCII (in the others, the runs are
         # short and the usual check on the whole sample costs less than their pairs)
         wide = 2 * np.add.reduceat(~self._ascii[flat], starts) >= counts
@@ -236,10 +240,10 @@ class CanonicalCheck:
         found = skeletons(self.pairs, flat, starts, counts, extracted, self._added)
         if found is None:
             return None
-        take, skeleton, piece_at, piece_sample = found
+        take, skeleton, piece_at, piece_sample, (redo_at, redo_size) = found
         confirmed = np.zeros(len(wide), dtype=bool)
         if not take.any():
-            return confirmed
+            return confirmed, {}
         whole = take.copy()
         if len(piece_at):
             at, size, where, keys, kind, first = (np.frombuffer(part, np.int64) for part in unsettled(
@@ -247,8 +251,26 @@ class CanonicalCheck:
             good, tuples = self._settle(skeleton, at, size, keys.view(np.uint64), kind, first)
             self._trim(skeleton, piece_at, tuples)
             whole[piece_sample[where[~good]]] = False
+        fixed: dict[int, list[int]] = {}
+        if len(redo_at):  # each such run's own encoding, spliced into its sample's ids
+            owner = np.searchsorted(starts, redo_at, side="right") - 1
+            keep = whole[owner]
+            redo_at, redo_size, owner = redo_at[keep], redo_size[keep], owner[keep]
+            spliced: dict[int, list[tuple[int, int, list[int]]]] = {}
+            for s, at, size, ids in zip(owner.tolist(), (redo_at - starts[owner]).tolist(), redo_size.tolist(),
+                                        self._encode(slices(flat, redo_at, redo_size))):
+                if ids is None:  # (not encoded: the usual way)
+                    whole[s] = False
+                spliced.setdefault(s, []).append((at, size, ids))
+            index = np.flatnonzero(wide)
+            for s, runs in spliced.items():
+                if whole[s]:
+                    ids = flat[starts[s] : starts[s] + counts[s]].tolist()
+                    for at, size, encoded in reversed(runs):  # (in order: from the last, places stay put)
+                        ids[at : at + size] = encoded
+                    fixed[int(index[s])] = ids
         confirmed[np.flatnonzero(wide)[whole]] = True
-        return confirmed
+        return confirmed, fixed
 
     def _spelled(self, texts, guesses, decoded, which: list[int], known: list[bool], ascii_: list[bool]) -> list[bool]:
         """Per sample in ``which``: whether its ids spell its text exactly. Ids all in the ASCII

@@ -439,12 +439,15 @@ def unreachable_pairs(token_bytes: Sequence[bytes], added: frozenset[int],
 
 
 def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np.ndarray, extracted: np.ndarray,
-              added: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+              added: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple] | None:
     """The samples (``flat`` from ``starts``, ``counts`` ids each) whose runs' pairs all pass, whose
     added tokens are where their ids hold them (``extracted``) and whose runs are whole
     characters (``take``); their skeletons' ids, end to end, cut into pieces each checked alone:
-    where each piece starts in them, and whose sample it is (``added``: per id, an added token).
-    A taken sample with no piece is confirmed by its pairs alone. None where no sample has a run."""
+    where each piece starts in them, and whose sample it is (``added``: per id, an added token);
+    and the dropped runs of taken samples with a pair that fails (where each starts in ``flat``,
+    its length), whole pre-tokens whose encoding is their text's alone: the sample's encoding is
+    its ids with each encoded again. A taken sample with no piece is confirmed by its pairs alone.
+    None where no sample has a run."""
     group, spaced, starts_char, ends_char, first_code, last_code = pairs.groups_of(flat, starts)
     run = group > 0
     if not run.any():
@@ -473,16 +476,34 @@ def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np
         at = np.flatnonzero(opens[1:] & iso[1:] & (last_code[:-1] >= 0))
         left[at] = outside[group[at + 1], last_code[at]]
         cut_after[:-1] |= same & (right | left)
+    cut_before = np.ones(len(flat), dtype=bool)
+    cut_before[1:] = cut_after[:-1]
+    # the skeleton is cut into pieces at certain cuts after a character that is no whitespace
+    # (only whitespace is read differently at the end of a text: the patterns' lookahead), each
+    # piece checked as a text of its own; a run with certain cuts on both sides is a whole
+    # pre-token, confirmed by its pairs, and drops out where a piece ends before it
+    split = np.zeros(len(flat), dtype=bool)
+    drop = np.zeros(len(flat), dtype=bool)
+    run_of = np.cumsum(opens) - 1  # per run token: its run
+    if last_code is not None:
+        solid = (pairs.solid()[np.maximum(last_code, 0)] & (last_code >= 0)) | added[flat]
+        split[1:] = cut_before[1:] & solid[:-1]
+        split[starts] = True
+        full = split[opens] & cut_after[closes]
+        drop = run & full[run_of]
+    split[starts] = True
     # the pairs inside each run and at its edges, but where the edge is a certain cut
     need = np.flatnonzero(same & (run[:-1] | run[1:]) & ~cut_after[:-1])
     failed = np.zeros(len(counts), dtype=bool)
     tested = np.zeros(len(flat), dtype=bool)  # a run token in a tested pair
+    redo = np.zeros(0, np.int64)  # dropped runs with a pair that fails: encoded again, alone
     if len(need):
         ok = pairs.ok(a[need], b[need])
-        failed[sample[need[~ok]]] = True
+        bad = need[~ok]
+        inside = drop[bad] & drop[bad + 1] & (run_of[bad] == run_of[bad + 1])
+        failed[sample[bad[~inside]]] = True
+        redo = np.unique(run_of[bad[inside]])
         tested[need] = tested[need + 1] = True
-    cut_before = np.ones(len(flat), dtype=bool)
-    cut_before[1:] = cut_after[:-1]
     if pairs.whole_piece:  # a run of one token between two certain cuts is a pre-token that is a token
         tested |= opens & closes & cut_before & cut_after
     failed[sample[run & ~tested]] = True  # a run token no pair vouches for
@@ -490,20 +511,9 @@ def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np
     failed[sample[(opens & ~starts_char) | (closes & ~ends_char)]] = True
     take = (np.add.reduceat(opens, starts) > 0) & ~failed & extracted
     takes = np.repeat(take, counts)
-    # the skeleton cut into pieces at certain cuts after a character that is no whitespace
-    # (only whitespace is read differently at the end of a text: the patterns' lookahead), each
-    # piece checked as a text of its own; a run with certain cuts on both sides is a whole
-    # pre-token, confirmed by its pairs, and drops out where a piece ends before it
-    split = np.zeros(len(flat), dtype=bool)
-    drop = np.zeros(len(flat), dtype=bool)
-    if last_code is not None:
-        solid = (pairs.solid()[np.maximum(last_code, 0)] & (last_code >= 0)) | added[flat]
-        split[1:] = cut_before[1:] & solid[:-1]
-        split[starts] = True
-        open_at, close_at = np.flatnonzero(opens), np.flatnonzero(closes)
-        full = split[open_at] & cut_after[close_at]
-        drop = run & full[np.cumsum(opens) - 1]
-    split[starts] = True
+    redo_at = np.flatnonzero(opens)[redo]
+    redo_at = redo_at[take[sample[redo_at]]]
+    redo_size = np.flatnonzero(closes)[run_of[redo_at]] + 1 - redo_at
     # the rest: each run one placeholder token of its group (after a space token where a space
     # opens it)
     keep = ~drop & (~run | opens) & takes
@@ -514,4 +524,4 @@ def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np
     if len(doubled):
         skeleton[at[doubled]] = pairs.space
     pieces = np.flatnonzero(keep & split)  # (a sample's first kept token starts one: after a dropped run, a cut)
-    return take, skeleton, at[pieces], sample[pieces]
+    return take, skeleton, at[pieces], sample[pieces], (redo_at, redo_size)
