@@ -62,7 +62,7 @@ def char_codes(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def id_tables(token_bytes: Sequence[bytes], groups_table: np.ndarray, code_groups: np.ndarray,
-              spaced: np.ndarray, added: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+              spaced: np.ndarray, added: np.ndarray) -> tuple[np.ndarray, ...]:
     """Per id: its run group (``groups_table``'s: whole characters of one group; or, for a group
     a space may open (``spaced``, per group index), a space then whole characters of it), whether
     it is such a space-opened token, and the code point of its first and last character where

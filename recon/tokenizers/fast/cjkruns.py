@@ -190,9 +190,12 @@ class PairCheck:
         then read off the whole character, which its neighbours complete."""
         if self.by_id:
             group, opened, first_code, last_code = self._id_tables()
-            out, spaced = group[flat], opened[flat]
             whole = np.ones(len(flat), dtype=bool)  # (a run token is whole characters)
-            return out, spaced, whole, whole, first_code[flat], last_code[flat]
+            return group[flat], opened[flat], whole, whole, first_code[flat], last_code[flat]
+        return self._groups_by_bytes(flat, starts)
+
+    def _groups_by_bytes(self, flat: np.ndarray, starts: np.ndarray):
+        """:meth:`groups_of`, read from the samples' bytes."""
         data, first, lengths = self._vocabulary()
         size = lengths[flat]
         ends = np.cumsum(size)
@@ -265,7 +268,7 @@ class PairCheck:
             self._of = of
         return self._of
 
-    def _id_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _id_tables(self) -> tuple[np.ndarray, ...]:
         """:func:`recon.tokenizers.fast.cjkids.id_tables` of this vocabulary (built on first use)."""
         if self.__dict__.get("_ids") is None:
             self._ids = id_tables(self._token_bytes, self.table, self._code_groups(), self.spaced, self._added_mask())
@@ -486,7 +489,7 @@ def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np
     drop = np.zeros(len(flat), dtype=bool)
     run_of = np.cumsum(opens) - 1  # per run token: its run
     if last_code is not None:
-        solid = (pairs.solid()[np.maximum(last_code, 0)] & (last_code >= 0)) | added[flat]
+        solid = (pairs.solid()[np.maximum(last_code, 0)] & (last_code >= 0)) | added[flat] | (run & ends_char)
         split[1:] = cut_before[1:] & solid[:-1]
         split[starts] = True
         full = split[opens] & cut_after[closes]
@@ -523,5 +526,7 @@ def skeletons(pairs: PairCheck, flat: np.ndarray, starts: np.ndarray, counts: np
     doubled = np.flatnonzero(emit == 2)
     if len(doubled):
         skeleton[at[doubled]] = pairs.space
-    pieces = np.flatnonzero(keep & split)  # (a sample's first kept token starts one: after a dropped run, a cut)
+    kept = np.flatnonzero(keep)
+    split[kept[np.diff(np.concatenate(([-1], sample[kept]))) != 0]] = True  # (each sample's first: after a dropped run, a cut)
+    pieces = np.flatnonzero(keep & split)
     return take, skeleton, at[pieces], sample[pieces], (redo_at, redo_size)
