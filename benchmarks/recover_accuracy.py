@@ -60,7 +60,7 @@ def load(inputs: list[Path], limit: int | None):
 
 
 def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[Path], limit: int | None,
-                 slack: float | None = None) -> None:
+                 slack: float | None = None, method: str = "beam") -> None:
     import recon
     from recon.audit.profiles import load_profile
     from recon.recovery.recover import recover, sampling_of, search_failed
@@ -75,7 +75,7 @@ def recover_rows(shard: tuple[int, int], out: Path, threads: int, inputs: list[P
     fixed = {t.id for t in tok.added_tokens}
     with open(out, "w", encoding="utf-8") as f:
         start = time.perf_counter()
-        for rec, res in zip(mine, recover(mine, bound, scorer, progress=False, slack=slack)):
+        for rec, res in zip(mine, recover(mine, bound, scorer, progress=False, slack=slack, method=method)):
             took = time.perf_counter() - start
             row = {"id": res.id, "dataset": res.dataset, "temperature": rec.meta.get("temperature"),
                    "tokens": len(rec.output_ids), "canonical_exact": res.canonical_exact, "exact": bool(res.exact),
@@ -212,6 +212,7 @@ def main() -> None:
     ap.add_argument("--truncation-slack", type=float, metavar="NATS",
                     help="slack at the sampler's cut for every record, as recon recover's (default: by the record; "
                          "0 shows what the llama.cpp samples did before the cut had slack)")
+    ap.add_argument("--search", default="beam", choices=["beam", "lazy"], help="the search recon recover --search runs")
     ap.add_argument("--out", type=Path, help=f"rows file (default {ROWS.relative_to(ROOT)}, the bundled rows)")
     ap.add_argument("--markdown", action="store_true",
                     help="with --report: print only the tables of docs/benchmarks.md (benchmarks/docs.py)")
@@ -222,7 +223,7 @@ def main() -> None:
     tag = "" if rows_out == ROWS else f"-{rows_out.stem}"
     part = DATA / f".recover{tag}-shard-{i}-of-{n}.jsonl"
     if not args.report:
-        recover_rows((i, n), part, args.threads, inputs, args.limit, args.truncation_slack)
+        recover_rows((i, n), part, args.threads, inputs, args.limit, args.truncation_slack, args.search)
         if n > 1:
             print(f"wrote {part}; run --report when every shard is done")
             return

@@ -449,6 +449,8 @@ def test_recovery_reproduces_held_out_rows(model, bound):
     for rec, res in zip(picked, recover(picked, bound, scorer, progress=False, together=3)):
         sampled, row = subset[rec.dataset, rec.id], bundled[rec.dataset, rec.id]
         assert sampled == rec.output_ids  # the oracle is the data's own record
+        body = res.ids[:-1] if rec.response.finish_reason == "stop" else res.ids  # the end token apart
+        assert bound.tok.decode(body) == rec.response.content, rec.id  # whatever it returns spells the text
         assert (res.ids == sampled) == row.exact and res.canonical_exact == row.canonical_exact
         assert res.confidence == pytest.approx(row.confidence, abs=1e-3)
         if not row.exact:

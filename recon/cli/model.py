@@ -47,11 +47,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
                 spec = (args.tokenizer, args.family, args.profile, args.model, args.threads, args.top_k)
                 results = recover_on_dask(todo, spec, args.dask, temperature=args.temperature, lookahead=args.lookahead,
-                                          together=args.together, slack=args.truncation_slack)
+                                          together=args.together, slack=args.truncation_slack, method=args.search)
             else:
                 results = recover(todo, bound, scorer, temperature=args.temperature, lookahead=args.lookahead,
                                   progress=None if terminal else False, together=args.together,
-                                  slack=args.truncation_slack) if todo else []
+                                  slack=args.truncation_slack, method=args.search) if todo else []
             for rec, res in zip(todo, results):
                 rec.meta = {**rec.meta, "recover": res.to_meta()}
                 out.write(rec)
@@ -118,6 +118,10 @@ def add_recover(sub) -> None:
     p.add_argument("--truncation-slack", type=float, metavar="NATS",
                    help="local: keep a token within NATS of the sampler's top-k/top-p/min-p cut (another engine's numerics "
                         "differ there; default: 0 for samples recon generate drew, else 1.0; docs/recovery.md)")
+    p.add_argument("--search", default="beam", choices=["beam", "lazy"],
+                   help="beam (the default: breadth-first over the text's states) or lazy (a beam over anchors scored in "
+                        "rounds: a few times fewer scorer calls and positions, opt-in until it matches beam on every "
+                        "held-out file; docs/recovery.md)")
     p.add_argument("--no-lookahead", dest="lookahead", action="store_false",
                    help="decide each cut by the token's own probability, not a window of the drafts after it (faster, worse)")
     p.add_argument("--min-confidence", type=float, default=0.9, metavar="P", help="confidence counted in the summary line")

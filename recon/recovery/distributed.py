@@ -33,18 +33,18 @@ def _worker_state(tokenizer: str, family: str | None, profile: str, model: str, 
 
 
 def recover_chunk(spec: tuple, records: Sequence[Record], temperature: float | None, lookahead: bool,
-                  together: int = 1, slack: float | None = None) -> list[Recovery]:
+                  together: int = 1, slack: float | None = None, method: str = "beam") -> list[Recovery]:
     """Recover ``records`` in whatever process runs this (a Dask worker), ``together`` at once."""
     from recon.recovery.recover import recover
 
     bound, scorer = _worker_state(*spec)
     return list(recover(records, bound, scorer, temperature=temperature, lookahead=lookahead, progress=False,
-                        together=together, slack=slack))
+                        together=together, slack=slack, method=method))
 
 
 def recover_on_dask(records: Sequence[Record], spec: tuple, address: str, *, temperature: float | None = None,
                     lookahead: bool = True, chunk: int = CHUNK, client=None, together: int = 1,
-                    slack: float | None = None) -> Iterator[Recovery]:
+                    slack: float | None = None, method: str = "beam") -> Iterator[Recovery]:
     """Each record's :class:`Recovery`, in input order, recovered on the Dask cluster at ``address``
     (``"local"``: a LocalCluster here) or through ``client``. ``spec``: (tokenizer, family,
     profile, model, threads, top_k), what each worker loads. ``together``: searches a worker runs
@@ -58,7 +58,7 @@ def recover_on_dask(records: Sequence[Record], spec: tuple, address: str, *, tem
         limit = 2 * max(len(client.scheduler_info().get("workers", {})), 1)
         chunk = max(chunk, together)
         chunks: Iterable[Sequence[Record]] = (records[i : i + chunk] for i in range(0, len(records), chunk))
-        submit = lambda part: client.submit(recover_chunk, spec, part, temperature, lookahead, together, slack, pure=False)  # noqa: E731
+        submit = lambda part: client.submit(recover_chunk, spec, part, temperature, lookahead, together, slack, method, pure=False)  # noqa: E731
         for done in _bounded(iter(chunks), submit, lambda future: future.result(), limit):
             yield from done
     finally:

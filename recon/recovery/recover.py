@@ -148,14 +148,30 @@ def _cuts(seg: Segmenter, ids: Sequence[int], k: int, tid: int, rejoins: int) ->
 
 
 def recover_ids(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer: Scorer, *,
-                sampling: Sampling | None = None, lookahead: bool = True, **options) -> tuple[list[int], float, list[Choice], int]:
+                sampling: Sampling | None = None, lookahead: bool = True, method: str = "beam",
+                **options) -> tuple[list[int], float, list[Choice], int]:
     """The most likely ids whose text is ``canonical``'s after ``prompt`` under ``sampling``
-    (:func:`recon.recovery.search.search`). Returns (ids, confidence, choices, scorer calls).
+    (``method``: one of :data:`SEARCHES`). Returns (ids, confidence, choices, scorer calls).
     ``lookahead=False`` keeps one prefix per state (cheaper, not exact)."""
     if not lookahead:
         options = {"delta": 0.0, "top": 1, **options}
-    found = search(prompt, canonical, seg, scorer, sampling or Sampling(), **options)
+    found = _search_by(method)(prompt, canonical, seg, scorer, sampling or Sampling(), **options)
     return found.ids, found.confidence, _choices(seg, found), found.passes
+
+
+#: the searches ``recover`` can run: the breadth-first beam (:mod:`recon.recovery.search`, the
+#: default) and the lazy anchor beam (:mod:`recon.recovery.lazy`: fewer scorer calls, opt-in)
+SEARCHES = ("beam", "lazy")
+
+
+def _search_by(method: str):
+    if method == "beam":
+        return search
+    if method == "lazy":
+        from recon.recovery.lazy import search as lazy_search
+
+        return lazy_search
+    raise ValueError(f"search {method!r}: expected one of {', '.join(SEARCHES)}")
 
 
 def _choices(seg: Segmenter, found) -> list[Choice]:
@@ -178,7 +194,7 @@ def _choices(seg: Segmenter, found) -> list[Choice]:
 
 def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, temperature: float | None = None,
             lookahead: bool = True, progress: bool | None = None, together: int = 1,
-            slack: float | None = None) -> Iterator[Recovery]:
+            slack: float | None = None, method: str = "beam") -> Iterator[Recovery]:
     """Recover each record's sampled ids from its text (its response, or the API view of its
     output_ids): the canonical encode, then the search above. ``temperature``: score at this
     temperature; None takes the record's ``meta["temperature"]`` where the scorer can apply it,
@@ -189,8 +205,11 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
     does a record whose search raised (:func:`search_failed`: one line naming it); every record gets a
     result, in order. ``together``: searches run at once, each round of their scorer calls run as
     one (:mod:`recon.recovery.together`; the local scorer only): the same ids for any value, a
-    confidence within float rounding (positions batched with others round differently)."""
+    confidence within float rounding (positions batched with others round differently).
+    ``method``: the search, one of :data:`SEARCHES`."""
     from tqdm.auto import tqdm
+
+    _search_by(method)  # an unknown name fails here, before any record
 
     seg = Segmenter(bound.tok)
     views = [view_of(r, bound) for r in records]
@@ -199,7 +218,7 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
     bar = tqdm(total=len(jobs), desc="recover", unit="sample", disable=None if progress is None else not progress)
 
     def one(k: int, job, scoring) -> Recovery:
-        return _recover_one(*job, seg, scoring, temperature, lookahead, slack)
+        return _recover_one(*job, seg, scoring, temperature, lookahead, slack, method)
 
     if together > 1 and getattr(scorer, "batches_alternatives", False) and len(jobs) > 1:
         from recon.recovery.together import run_together
@@ -216,7 +235,7 @@ def recover(records: Sequence[Record], bound: BoundProfile, scorer: Scorer, *, t
 
 
 def _recover_one(rec: Record, rc, seg: Segmenter, scorer: Scorer, temperature: float | None, lookahead: bool,
-                 slack: float | None = None) -> Recovery:
+                 slack: float | None = None, method: str = "beam") -> Recovery:
     """One record's recovery (see :func:`recover`)."""
     truth = rec.output_ids
     base = Recovery(rec.id, rec.dataset, None, rc.ids, None,
@@ -231,7 +250,7 @@ def _recover_one(rec: Record, rc, seg: Segmenter, scorer: Scorer, temperature: f
     before = counters(scorer)
     try:
         ids, conf, choices, passes = recover_ids(rec.prompt_ids, rc.ids, seg, scorer, sampling=sampling, lookahead=lookahead,
-                                                 length=token_count(rec))
+                                                 method=method, length=token_count(rec))
     except Exception as exc:  # one record's failure, not the run's: it gets an error, the rest go on
         base.error = search_failed(rec.id, exc)
         base.cost = spent(before, scorer) if before else {}

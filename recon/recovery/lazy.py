@@ -1,0 +1,395 @@
+"""A cheaper search for the sampled segmentation: a beam over the text's anchors, scored lazily, in rounds.
+
+Opt-in (``recon recover --search lazy``); :mod:`recon.recovery.search` stays the default until this one
+matches it on every held-out file (docs/recovery.md has the figures).
+
+A candidate is any sequence of ids whose text, decoded as a server decodes it (special tokens
+apart, invalid UTF-8 as U+FFFD), is the text the API returned. Its score is its log-probability
+under the sampling distribution (:class:`~recon.recovery.sampling.Sampling`: temperature, and
+top-k/top-p/min-p where the record says; a token the sampler removed had probability 0), the sum
+of one exact conditional per token, each read from a teacher-forced pass over that very prefix.
+
+**What costs.** A model position is the distribution after one prefix. A prefix's own score comes
+from its parent's distribution, so it costs nothing until the search wants to go on from it
+(Vieira et al., ICML 2025: a position runs only when a token is closed and its extension survives
+pruning). The scorer counts the positions it runs (:func:`recon.recovery.scorers.counters`), and
+:class:`~recon.recovery.search.SearchResult` the rounds (scorer calls).
+
+**Anchors** (:mod:`recon.recovery.states`) are byte offsets no token can straddle (the start of
+most words): every candidate has a token boundary there. Between two anchors the text is a short
+segment; the beam holds, at each anchor, the prefixes that reach it.
+
+**A segment, best first.** From the beam at one anchor, prefixes are taken likeliest first
+(Meister et al., TACL 2020): a prefix still inside the segment is extended by every token the text
+allows there, one that reached the next anchor joins the beam there unless it is more than
+``delta`` nats below the best there, beyond the ``top`` best, or the same as a better one for the
+last ``settle`` tokens. Taken in score order, every completion better than a prefix is known when
+the prefix is looked at. Log-probabilities only fall as a prefix grows, so a prefix inside the
+segment already more than ``delta`` below the best that reached the next anchor could be dropped
+exactly, but in text the model finds odd (gibberish at t=1.3) that still expands thousands of
+cuts. So a prefix inside a segment is judged on a *guess* of the rest of the segment (the
+canonical ids' own scores from their next boundary on) against the best line's guess, and goes
+on only within ``split_delta`` of it, at most ``32 * top`` per segment. This is the rule that is
+not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is 3.9 below the guess
+half way through the segment). The canonical ids are never dropped (the answer scores at least as
+high as they do).
+
+**The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
+cannot end with exactly that many ids is impossible. Prefixes are rivals only as far as they still
+need cuts off the canonical ids to end with that count (``need``): one that still needs more must
+pay for them later, so its lead now drops nothing. Before the last U+FFFD for lost bytes
+(:attr:`~recon.recovery.states.Text.certain_from`) no count is certain and all are rivals.
+
+**Rounds.** The sweep over the segments reads only distributions already known. A prefix the
+rules keep whose distribution is not known yet waits; the sweep goes on past it, and every prefix
+waiting anywhere is scored in the next round, all in one scorer call (one forward pass with the
+local scorer's prefix tree), each with a draft: the ids the canonical encode spells from where it
+stands (the fewest tokens back to a canonical boundary, then the canonical ids), ``horizon`` long,
+twice as long each time the same line outlives its draft. The sweep runs again on what is known.
+When nothing waits, the sweep's answer is final, and the drafts only decided what it cost.
+``max_passes`` caps the rounds: the last rounds draft to the end, and what still waits after the
+last is dropped; with no answer left, :func:`recon.recovery.search.search` takes over.
+
+**A second look** (:func:`~recon.recovery.repair.repair`, as after the default search): what the
+rules dropped at an anchor is finished along the answer's tail, or its last cut moved into it, and
+the likeliest few scored whole (held-out p008-2: 8 nats better than what the sweeps found).
+
+**Dead ends.** With a truncating sampler a prefix can be one (every way on needs a token the
+sampler removed); when the beam dies everywhere, the sweep runs again with wider rules.
+
+**Confidence** is the returned sequence's share of probability among every candidate: the
+complete ones found, and each dropped prefix counted as if it went on as well as the best did.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from recon.errors import ReconError
+from recon.recovery.repair import repair
+from recon.recovery.sampling import Sampling
+from recon.recovery.search import SearchResult
+from recon.recovery.search import search as beam_search
+from recon.recovery.states import Segmenter, Text, common_suffix
+
+
+@dataclass
+class _Sweep:
+    """What one sweep over the segments found."""
+
+    done: list[tuple[float, tuple[int, ...]]]  # complete candidates, best first
+    rivals: list[tuple[tuple[int, ...], float]]
+    waiting: dict[tuple[int, ...], tuple[int, bytes]]  # kept prefixes with no distribution yet -> state
+    leads: set[tuple[int, ...]]  # those of them that were the best at their anchor
+
+
+def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
+           delta: float = 2.0, top: int = 4, settle: int = 12, horizon: int = 8, max_passes: int = 60,
+           length: int | None = None, split_delta: float = 4.0, repairs: int = 3, repair_width: int = 8) -> SearchResult:
+    """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
+    with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
+    or ``max_tokens`` for a sample cut at it). ``split_delta``: how far below the best guess at
+    the next anchor a prefix inside a segment may fall and still go on. ``max_passes``: rounds
+    before the search hands over to :func:`recon.recovery.search.search` (which reuses every
+    position scored so far through the scorer's prefix tree). ``repairs``/``repair_width``: the
+    second look (:func:`~recon.recovery.repair.repair`) after the sweeps."""
+    text = Text(seg, canonical)
+    found = _Search(prompt, canonical, text, scorer, sampling, delta, top, settle, horizon, max_passes, length)
+    found.split_delta, found.split_cap = split_delta, 32 * top
+    found.repairs, found.repair_width = repairs, repair_width
+    return found.run()
+
+
+class _Search:
+    def __init__(self, prompt, canonical, text: Text, scorer, sampling, delta, top, settle, horizon, max_passes, length):
+        self.prompt, self.canonical, self.text, self.seg = list(prompt), tuple(canonical), text, text.seg
+        self.scorer, self.sampling = scorer, sampling
+        self.delta, self.top, self.settle, self.horizon, self.max_passes = delta, top, settle, horizon, max_passes
+        self.length = length
+        self.kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
+        self.dists: dict[tuple[int, ...], dict[int, float]] = {}
+        self.drafted: dict[tuple[int, ...], int] = {}  # a draft's last prefix -> the draft's length
+        self.passes = 0
+        self.draft_at: dict[int, int] = {}  # byte offset of a canonical boundary -> index in canonical
+        pos = 0
+        for k, i in enumerate(canonical):
+            self.draft_at[pos] = k
+            pos += len(self.seg.token_bytes[i])
+        self.draft_at[pos] = len(canonical)
+        self.fewest = text.fewest_to_end() if length is not None else None
+        self.rest = text.canonical_rest(self.draft_at) if length is not None else None
+        n = len(text.data)
+        inside = {q for f, t in text.fixed_at.items() for q in range(f + 1, f + len(self.seg.token_bytes[t]))}
+        self.anchors = sorted((set(text.anchors) | {0, n}) - inside)  # (a special token's bytes are one token)
+
+    # -- scoring ----------------------------------------------------------------------------------
+    def _score(self, items: list[tuple[tuple[int, ...], tuple[int, bytes], list[int]]]) -> None:
+        """One scorer call: each (prefix, state, draft) with the distribution after the prefix and
+        after every prefix along the draft (only the ids the text allows there are kept)."""
+        text, n, pad = self.text, len(self.prompt), (self.canonical[-1] if self.canonical else 0)
+        seqs, alts, plans = [], [], []
+        for ids, state, draft in items:
+            states, st = [state], state
+            for t in draft:
+                st = text.step(st, t)
+                if st is None:
+                    break
+                states.append(st)
+            draft = draft[: len(states) - 1]
+            seqs.append(self.prompt + list(ids) + draft + [pad])
+            alts.append({n + len(ids) + j: text.candidates(x) for j, x in enumerate(states)})
+            plans.append((ids, draft, states))
+        batched = getattr(self.scorer, "batches_alternatives", False)
+        if batched:
+            results = self.scorer(seqs, self.sampling.temperature, alts, **self.kwargs)
+        else:  # one sequence a call (a scorer without per-sequence alternatives)
+            results = [self.scorer([s], self.sampling.temperature, a, **self.kwargs)[0] for s, a in zip(seqs, alts)]
+        self.passes += 1
+        for (ids, draft, states), scored in zip(plans, results):
+            prefix = ids
+            for j, st in enumerate(states):
+                allowed = text.moves(st)
+                self.dists[prefix] = {t: lp for t, lp in scored.top[n + len(prefix)] if t in allowed}
+                if j < len(draft):
+                    prefix = prefix + (draft[j],)
+            if draft:
+                self.drafted[prefix] = len(draft)
+
+    def _draft(self, ids: tuple[int, ...], state: tuple[int, bytes], lead: bool, rounds_left: int) -> list[int]:
+        """The canonical encode's ids from ``state`` on (the fewest tokens back to a canonical
+        boundary, then the canonical ids), as far as the scores are likely to be read: to the next
+        anchor for a new line; twice its last draft for a line that outlived one; to the end for
+        the line that leads at its anchor, and for every line in the last rounds."""
+        text, seg = self.text, self.seg
+        c, pend = state
+        if not text.data.startswith(pend, c):
+            return []
+        p = c + len(pend)
+        b = next((b for b in range(p, len(text.data) + 1) if b in self.draft_at), None)
+        if b is None:
+            return []
+        try:
+            refill = seg.fewest(text.data[p:b]) if b > p else []
+        except ReconError:
+            return []
+        out = refill + list(self.canonical[self.draft_at[b]:])
+        if lead or rounds_left <= 2:
+            return out
+        anchor, q, h = text.next_anchor(p), p, 0
+        while h < len(out) and q < anchor:
+            q += len(seg.token_bytes[out[h]])
+            h += 1
+        h = max(h, 1)
+        if ids[:-1] in self.drafted:
+            h = max(h, 2 * self.drafted[ids[:-1]])
+        return out[:h]
+
+    # -- the rules --------------------------------------------------------------------------------
+    def _feasible(self, k: int, state) -> bool:
+        """Whether a prefix of ``k`` ids in ``state`` can still end with exactly ``length`` ids."""
+        if self.length is None:
+            return True
+        c, pend = state
+        p = c + len(pend) if self.text.data.startswith(pend, c) else c
+        left = self.length - k
+        return left >= 0 and self.fewest[p] <= left <= len(self.text.data) - p
+
+    def _need(self, k: int, anchor: int) -> int | None:
+        """How many ids a prefix of ``k`` ids at ``anchor`` still needs beyond the canonical ids of
+        the rest (None: no count, or before it is certain: every prefix is a rival)."""
+        if self.rest is None or anchor < self.text.certain_from:
+            return None
+        return self.length - k - self.rest[anchor]
+
+    def _reach(self, k: int, state, anchor: int) -> int | None:
+        """The smallest ``|need|`` a prefix of ``k`` ids in ``state`` can have at ``anchor``."""
+        if self.rest is None or anchor < self.text.certain_from:
+            return None
+        c, pend = state
+        p = c + len(pend) if self.text.data.startswith(pend, c) else c
+        most = self.length - k - self.rest[anchor] - (self.fewest[p] - self.fewest[anchor])
+        least = self.length - k - self.rest[anchor] - (anchor - p)
+        return 0 if least <= 0 <= most else min(abs(least), abs(most))
+
+    @staticmethod
+    def _bar(best: dict, need: int | None) -> float:
+        """The best score among the prefixes at the anchor that are rivals of one with ``need``."""
+        if need is None:
+            return max(best.values(), default=-math.inf)
+        return max((s for g, s in best.items() if g is None or abs(g) <= abs(need)), default=-math.inf)
+
+    # -- the sweep --------------------------------------------------------------------------------
+    def _sweep(self, delta: float, top: int, final: bool = False) -> _Sweep:
+        """The beam over the segments, on the distributions known now. A prefix the rules keep
+        whose distribution is not known waits, and goes on as a *ghost*: along the canonical ids'
+        own scores from where it rejoins them (a guess, none of it scored). Ghosts take places in
+        the beam and set bars as prefixes do, so that the prefixes this sweep sends to be scored
+        are close to what the sweep after it keeps; they are never an answer, and a sweep with
+        nothing waiting has none: its beam is exactly what the rules give on scored prefixes."""
+        text, canonical = self.text, self.canonical
+        beam: list[tuple[float, tuple[int, ...] | None, tuple | None]] = [(0.0, (), None)]
+        rivals: list[tuple[tuple[int, ...], float]] = []
+        waiting: dict[tuple[int, ...], tuple[int, bytes]] = {}
+        leads: set[tuple[int, ...]] = set()
+        tie = itertools.count()
+        for a, b in zip(self.anchors, self.anchors[1:]):
+            end = (b, b"")
+            heap = []
+            for s, ids, ghost in beam:
+                if ghost is None:
+                    heap.append((-s, next(tie), ids, (a, b""), None))
+                else:
+                    self._haunt(heap, tie, ghost, b)
+            heapq.heapify(heap)
+            best: dict[int | None, float] = {}  # per need: the best score that reached b
+            guess: dict[int | None, float] = {}  # per need: the best guess of a beam line along the canonical ids to b
+            for s, ids, ghost in beam:
+                if ghost is None and ids in self.dists:
+                    k = len(ids) + self.draft_at[b] - self.draft_at[a]
+                    need = self._need(k, b)
+                    guess[need] = max(guess.get(need, -math.inf), s + self.cum[self.draft_at[b]] - self.cum[self.draft_at[a]])
+            expanded = 0
+            kept: dict[int | None, list[tuple[float, tuple[int, ...] | None, tuple | None]]] = {}
+            while heap:
+                neg, _, ids, state, ghost = heapq.heappop(heap)
+                s = -neg
+                canon = ghost is None and ids == canonical[: len(ids)]
+                if state == end:
+                    k = len(ids) if ghost is None else ghost[1] + self.draft_at[b]
+                    need = self._need(k, b)
+                    same = kept.setdefault(need, [])
+                    bar = self._bar(best, need)
+                    if not canon and (s < bar - delta or len(same) >= top or (
+                            ghost is None and same and same[0][2] is None and common_suffix(ids, same[0][1]) >= self.settle)):
+                        if ghost is None:
+                            rivals.append((ids, s - max(bar, s)))
+                            self.dropped.append((s, ids, b))
+                        continue
+                    same.append((s, ids, ghost))
+                    best.setdefault(need, s)
+                    if ghost is None and len(best) == 1 and len(same) == 1 and ids not in self.dists:
+                        leads.add(ids)  # the best at this anchor: the likeliest to go on to the end
+                    continue
+                if state[0] > b or (state[0] == b and state[1]):
+                    raise ReconError(f"a token crossed the anchor at byte {b} (a bug)")
+                reach = self._reach(len(ids), state, b)
+                bar = self._bar(best, reach)
+                if not canon and state != (a, b""):  # inside the segment: can it still reach the beam at b?
+                    if (s + self._rest_of(state, b) < max(bar, self._bar(guess, reach)) - self.split_delta
+                            or expanded >= self.split_cap):
+                        rivals.append((ids, s - max(bar, s)))
+                        continue
+                    expanded += 1
+                elif not canon and s < bar - delta:
+                    rivals.append((ids, s - bar))
+                    self.dropped.append((s, ids, a))
+                    continue
+                dist = self.dists.get(ids)
+                if dist is None and final:
+                    rivals.append((ids, s - max(bar, s)))
+                    continue
+                if dist is None:
+                    waiting[ids] = state
+                    ghost = self._ghost(ids, state, s)
+                    if ghost is not None:
+                        self._haunt(heap, tie, ghost, b)
+                    continue
+                for t, nxt in text.moves(state).items():
+                    lp = dist.get(t, -math.inf)
+                    if lp > -math.inf and self._feasible(len(ids) + 1, nxt):
+                        heapq.heappush(heap, (-(s + lp), next(tie), ids + (t,), nxt, None))
+                flushed = text.finished(state)  # held bytes flushed as U+FFFD where the text ends
+                if flushed == (len(text.data), b"") and flushed == end and self._feasible(len(ids), flushed):
+                    heapq.heappush(heap, (neg, next(tie), ids, flushed, None))
+            beam = sorted((h for same in kept.values() for h in same), key=lambda h: -h[0])
+            if not beam:
+                return _Sweep([], rivals, waiting, leads)
+        done = [(s, ids) for s, ids, ghost in beam if ghost is None and (self.length is None or len(ids) == self.length)]
+        return _Sweep(done, rivals, waiting, leads)
+
+    def _rest_of(self, state, b: int) -> float:
+        """A guess of what the rest of the segment costs a prefix inside it (``state``) to the anchor
+        ``b``: the canonical ids' own scores from their next boundary on (0 for the tokens back to
+        it). Such a prefix goes on only if it can still reach the beam at ``b`` on that guess."""
+        q = self._next_boundary[min(state[0] + len(state[1]), len(self._next_boundary) - 1)]
+        return self.cum[self.draft_at[b]] - self.cum[self.draft_at[q]] if q <= b else 0.0
+
+    def _ghost(self, ids: tuple[int, ...], state, score: float) -> tuple[float, int] | None:
+        """A waiting prefix's guessed line: back to the canonical ids by the fewest tokens (scored
+        0: a guess that flatters it), then along their own scores. (score offset, count offset):
+        at a canonical boundary with ``k`` canonical ids before it, its score is the offset plus
+        the canonical ids' score there, its count the offset plus ``k``."""
+        c, pend = state
+        data = self.text.data
+        if not data.startswith(pend, c):
+            return None
+        p = c + len(pend)
+        q = next((q for q in range(p, len(data) + 1) if q in self.draft_at), None)
+        try:
+            refill = self.seg.fewest(data[p:q]) if q is not None and q > p else []
+        except ReconError:
+            return None
+        k = self.draft_at[q]
+        return score - self.cum[k], len(ids) + len(refill) - k
+
+    def _haunt(self, heap, tie, ghost: tuple[float, int], b: int) -> None:
+        """A ghost as it reaches the anchor ``b``, where its count allows."""
+        k = self.draft_at[b]
+        if self._feasible(ghost[1] + k, (b, b"")):
+            heapq.heappush(heap, (-(ghost[0] + self.cum[k]), next(tie), None, (b, b""), ghost))
+
+    def run(self) -> SearchResult:
+        start = (0, b"")
+        self._score([((), start, list(self.canonical))])
+        n = len(self.text.data)
+        self._next_boundary = [n] * (n + 1)  # byte offset -> the first canonical boundary at or after it
+        for q in range(n, -1, -1):
+            self._next_boundary[q] = q if q in self.draft_at else self._next_boundary[min(q + 1, n)]
+        self.cum = [0.0]  # the canonical ids' score after each of them
+        for k, t in enumerate(self.canonical):
+            self.cum.append(self.cum[-1] + self.dists[self.canonical[:k]].get(t, -math.inf))
+        widen = [(self.delta, self.top, self.split_delta, self.split_cap), (4 * self.delta, 4 * self.top, 4 * self.delta, 4 * self.split_cap),
+                 (math.inf, 16 * self.top, math.inf, 16 * self.split_cap)]
+        for delta, top, self.split_delta, self.split_cap in widen:
+            while True:
+                self.dropped = []
+                found = self._sweep(delta, top)
+                if not found.waiting or self.passes >= self.max_passes:
+                    break
+                left = self.max_passes - self.passes
+                self._score([(ids, st, self._draft(ids, st, ids in found.leads, left)) for ids, st in sorted(found.waiting.items())])
+            if found.waiting:  # out of rounds: what still waits is dropped
+                found = self._sweep(delta, top, final=True)
+            if found.done or self.passes >= self.max_passes:
+                break
+        if not found.done:
+            # Out of rounds with no answer (the canonical ids need not be one: with a count they can
+            # be impossible): the breadth-first beam takes over. It raises where no cut can be an
+            # answer, and it reads what was scored here again from the scorer's prefix tree.
+            wide = beam_search(self.prompt, self.canonical, self.seg, self.scorer, self.sampling, length=self.length)
+            return SearchResult(wide.ids, wide.score, wide.confidence, wide.rivals, self.passes + wide.passes)
+        score, ids = found.done[0]
+        rivals = [(i, s - score) for s, i in found.done[1:]] + found.rivals
+        lps = [self.dists[ids[:k]][t] for k, t in enumerate(ids)]
+        for _ in range(self.repairs):
+            better, calls = repair(self.prompt, ids, lps, self.dropped, self.dists, self.text, self.scorer, self.sampling, self.length,
+                                   self.delta, self.repair_width, self.kwargs)
+            self.passes += calls
+            if better is None:
+                break
+            rivals = [(ids, score - better[0])] + [(i, r + score - better[0]) for i, r in rivals]
+            score, ids, lps = better
+        mass = sum(math.exp(r) for _, r in rivals if r > -50)
+        return SearchResult(list(ids), score, 1.0 / (1.0 + mass), rivals, self.passes)
+
+
+def score_ids(prompt: Sequence[int], ids: Sequence[int], scorer, sampling: Sampling) -> float:
+    """log P(ids | prompt) under ``sampling``: what the search maximizes, for judging its answer
+    against the sampled ids (a search error: the sampled ids score higher than the answer)."""
+    kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
+    scored = scorer([list(prompt) + list(ids)], sampling.temperature, None, **kwargs)[0]
+    return float(sum(scored.logprobs[len(prompt):]))
