@@ -587,3 +587,26 @@ def test_recover_on_a_dask_cluster_is_the_in_process_run(tmp_path, warm, model, 
     refused = recon("recover", str(tmp_path / "two.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml",
                     "--scorer", "http://127.0.0.1:9/v1", "--dask", "local", "--out", str(tmp_path / "no.jsonl"))
     assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "--dask" in refused.stderr
+
+
+def test_text_spells_is_the_server_decode(bound):
+    """``Text.spells`` (the guard on every answer, and on the second look's candidates built from
+    pieces) against the tokenizer's own decode, on held-out samples cut inside a character (U+FFFD
+    in the text): the sampled ids spell it; the same ids with one ASCII token swapped for another
+    of the same length do not (p008-2 at t=1.3: 'A' for 'i', what the second look once returned)."""
+    from recon.audit.reconstruct import reconstruct_batch, view_of
+    from recon.recovery.states import Text
+
+    tok = bound.tok
+    held = {r.id: r for r in read_records(DATA / "heldout-t1.3.jsonl").records}
+    ascii_ids = {t: i for i, t in enumerate(tok.token_bytes) if len(t) == 1 and t.isalpha()}
+    for rid in ("p008-2", "p006-3", "p017-2"):
+        rec = held[rid]
+        assert "\ufffd" in rec.response.content
+        text = Text(Segmenter(tok), reconstruct_batch([view_of(rec, bound)], bound, "concat")[0].ids)
+        assert tok.decode(rec.output_ids) == rec.response.content and text.spells(rec.output_ids), rid
+        k = next(k for k, t in enumerate(rec.output_ids) if tok.token_bytes[t] in ascii_ids)
+        other = ascii_ids[b"i" if tok.token_bytes[rec.output_ids[k]] != b"i" else b"A"]
+        swapped = rec.output_ids[:k] + [other] + rec.output_ids[k + 1 :]
+        assert tok.decode(swapped) != rec.response.content and not text.spells(swapped), rid
+        assert not text.spells(rec.output_ids[:-1]), rid  # stops short of the end

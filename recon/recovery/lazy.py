@@ -383,6 +383,8 @@ class _Search:
                 break
             rivals = [(ids, score - better[0])] + [(i, r + score - better[0]) for i, r in rivals]
             score, ids, lps = better
+        if not self.text.spells(ids):  # a guard: never hand a trainer ids that spell another text
+            raise ReconError("the search's answer does not spell the text (a bug)")
         mass = sum(math.exp(r) for _, r in rivals if r > -50)
         return SearchResult(list(ids), score, 1.0 / (1.0 + mass), rivals, self.passes)
 

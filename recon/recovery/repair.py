@@ -77,7 +77,7 @@ def repair(prompt, ids, lps, dropped, dists, text: Text, scorer, sampling: Sampl
             cand = tuple(head) + tuple(prefix) + tuple(refill) + tuple(ids[k:])
             if cand in tried or (length is not None and len(cand) != length):
                 continue
-            if not _spells(text, cand):
+            if not text.spells(cand):
                 # Near bytes lost to U+FFFD the answer's own bytes may differ from the text's (any
                 # bytes the decoder turns into U+FFFD stand there), so its offsets no longer match
                 # the text's, and a refill cut at them can spell something else (held-out p008-2
@@ -107,16 +107,6 @@ def repair(prompt, ids, lps, dropped, dists, text: Text, scorer, sampling: Sampl
     best = max(((float(sum(lp)), cand, lp) for cand, lp in zip(whole, scored(whole))), key=lambda h: h[0])
     return (best if best[0] > cum[-1] + 1e-6 else None), calls + -(-len(whole) // batch)
 
-
-
-def _spells(text: Text, ids) -> bool:
-    """Whether ``ids`` spell the text from its start to its end."""
-    state = (0, b"")
-    for t in ids:
-        state = text.step(state, t)
-        if state is None:
-            return False
-    return text.finished(state) == (len(text.data), b"")
 
 
 def last_cut(prefix, c: int, ids, at: dict[int, int], dists, seg, spare: int | None = None, reach: int = 32):

@@ -338,6 +338,8 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
             break
         rivals = [(ids, score - better[0])] + [(i, r + score - better[0]) for i, r in rivals]
         score, ids, lps = better
+    if not text.spells(ids):  # a guard: never hand a trainer ids that spell another text
+        raise ReconError("the search's answer does not spell the text (a bug)")
     mass = sum(math.exp(r) for _, r in rivals if r > -50)
     return SearchResult(list(ids), score, 1.0 / (1.0 + mass), rivals, passes)
 

@@ -200,6 +200,17 @@ class Text:
             return None
         return self.seg_end[c], b""
 
+    def spells(self, ids) -> bool:
+        """Whether ``ids``, decoded as a server decodes them, are the text: a check on any
+        sequence built from pieces rather than walked state by state."""
+        state: tuple[int, bytes] | None = (0, b"")
+        for t in ids:
+            state = self.step(state, t)
+            if state is None:
+                return False
+        end = (len(self.data), b"")
+        return state == end or self.finished(state) == end
+
     def candidates(self, state: tuple[int, bytes]) -> list[int]:
         """Every token the text allows after ``state``."""
         return list(self.moves(state))
