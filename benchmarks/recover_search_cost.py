@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=0, help="start at the N-th sample of each file")
     ap.add_argument("--searches", default="beam,lazy")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--markdown", action="store_true", help="the same report (it is markdown already; benchmarks/docs.py asks for it)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import recon
@@ -85,7 +86,8 @@ def main() -> None:
     runs = {m: run(records, bound, tok, m, args.threads) for m in methods}
     kinds = {m: judge(records, runs[m], bound, tok, args.threads) for m in methods}
     print(f"{len(records)} samples from {', '.join(p.name for p in args.inputs)}"
-          + (f" [{args.skip}:{stop}]" if args.limit or args.skip else ""))
+          + (f" (from the {args.skip}-th, {args.limit} of each)" if args.limit or args.skip else "")
+          + f", one search at a time, {args.threads} torch thread(s):\n")
     print("| search | exact | lost (the other's exact) | search errors | hidden | raised | positions/token median | max "
           "| calls median | max | seconds |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -102,11 +104,11 @@ def main() -> None:
               f"{statistics.median(calls):g} | {max(calls)} | {seconds:.0f} |")
     if len(methods) == 2:
         a, b = methods
-        print(f"\n{a} / {b}: seconds {summary[a][2] / summary[b][2]:.2f}x, positions per token (median) "
-              f"{summary[a][0] / summary[b][0]:.2f}x, calls (median) {summary[a][1] / summary[b][1]:.2f}x")
-        for j, rec in enumerate(records):
-            if kinds[a][j] != kinds[b][j]:
-                print(f"  {rec.dataset} {rec.id}: {a} {kinds[a][j]}, {b} {kinds[b][j]}")
+        print(f"\n{a} / {b} in this run: seconds **{summary[a][2] / summary[b][2]:.2f}x**, positions per token (median) "
+              f"{summary[a][0] / summary[b][0]:.2f}x, calls (median) {summary[a][1] / summary[b][1]:.2f}x.")
+        differ = [f"- {rec.dataset} `{rec.id}`: {a} {kinds[a][j]}, {b} {kinds[b][j]}" for j, rec in enumerate(records) if kinds[a][j] != kinds[b][j]]
+        if differ:
+            print("\nWhere they differ:\n\n" + "\n".join(differ))
     sys.stdout.flush()
 
 

@@ -52,7 +52,7 @@ last is dropped; with no answer left, :func:`recon.recovery.search.search` takes
 
 **A second look** (:func:`~recon.recovery.repair.repair`, as after the default search): what the
 rules dropped at an anchor is finished along the answer's tail, or its last cut moved into it, and
-the likeliest few scored whole (held-out p008-2: 8 nats better than what the sweeps found).
+the likeliest few scored whole.
 
 **Dead ends.** With a truncating sampler a prefix can be one (every way on needs a token the
 sampler removed); when the beam dies everywhere, the sweep runs again with wider rules.

@@ -29,8 +29,8 @@ def repair(prompt, ids, lps, dropped, dists, text: Text, scorer, sampling: Sampl
     does where it comes from gives an estimate. The ``width`` finished prefixes estimated likeliest
     (within ``margin`` of the answer) are scored whole. The moved cuts estimated ahead of the
     answer (up to ``16 * width``) are scored to ``window`` ids past where they rejoin it (a few new
-    positions each; p008-2's sampled cut spends one id more than the answer's, and p014-2's joins
-    two cuts), and the ``width`` likeliest there, at most a nat behind, are scored whole.
+    positions each; a sampled cut can spend another count of ids than the answer's, and p014-2's
+    joins two cuts), and the ``width`` likeliest there, at most a nat behind, are scored whole.
     Returns (score, ids, logprobs) of the best one that beats the answer (``ids``, with ``lps``
     its logprobs), or None; and the scorer calls made."""
     seg = text.seg
