@@ -43,18 +43,33 @@ Exact, for those pre-tokenizers (any other keeps the usual check):
    The converse holds too, so the pairs of a pre-token of the skeleton with no placeholder in
    it are all such pairs. So a pre-token with a run in it is its own encoding when the pairs
    inside the runs and at their edges are (the others are the skeleton's). A run token with no
-   pair to test (next to added tokens or the sample's ends only) takes the usual way.
+   pair to test takes the usual way, but for 3.
 3. *Whole pre-tokens that are a token*. tiktoken (and ``tokenizers`` with ``ignore_merges``,
    which is refused) gives a pre-token that is a token that token, whatever the merges make of
    it. Where that is not what BPE makes of the token's bytes (an *unreachable* token holding a
    CJK character: 33 in Qwen's vocabulary), every adjacent pair of the ids BPE makes of them is
-   treated as failing here, so ids holding them take the usual way.
+   treated as failing here, so ids holding them take the usual way. And for tiktoken a run of
+   one token between two certain cuts (4) is a pre-token that is a token: its own encoding.
+4. *Certain cuts at a run's edges* need no pair: an added token, the sample's ends, a space that
+   opens a run (its group's pattern always starts the run's pre-token with it), and the edges
+   of an *isolated* run (:data:`ISOLATED`: Kimi's ``[\\p{Han}]+`` is the only alternative that
+   takes Han and takes nothing else) where the character beyond lies outside the class
+   (ASCII, another group's, CJK punctuation: none is ``\\p{Han}``; ``々`` or ``㐀`` are, and the run
+   goes on through them, so their edge is tested).
+5. *The skeleton in pieces*. The pattern reads a text's end differently from more text only
+   after whitespace (``\\s+(?!\\S)``, ``\\s++$``); so at a certain cut after a character that is no
+   whitespace, the text before and the text after pre-tokenize as they would alone, and the
+   skeleton is checked in pieces cut there (pieces repeat more than whole skeletons). A run
+   with certain cuts on both sides is a whole pre-token, settled by 2 and 3 alone: it drops out
+   of the skeleton; where one of its pairs fails, its encoding is its text's alone (encoded
+   again), spliced into the sample's ids.
 
 Pairs are tested by the BPE alone on their two tokens' bytes: ``tokenizers``: the model without
-pre-tokenizer, every new pair of a batch as one pre-tokenized input; tiktoken: pairs of one
-group glued with an added token into one text (the core encodes the text between two added
-tokens alone, and a pair of one group is one pre-token of it, so its BPE with the core's
-whole-piece look-up, which only makes more pairs fail), the others one
+pre-tokenizer, every new pair of a batch as one pre-tokenized input; tiktoken: by its own BPE,
+run by recon in C on the ranks (:mod:`recon.tokenizers.fast.rankpairs`; with its whole-piece
+look-up, which only makes more pairs fail), or where the kernel isn't compiled through the core:
+pairs of one group glued with an added token into one text (the core encodes the text between
+two added tokens alone, and a pair of one group is one pre-token of it), the others one
 ``_encode_single_piece`` each.
 """
 
