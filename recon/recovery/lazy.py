@@ -47,8 +47,9 @@ local scorer's prefix tree), each with a draft: the ids the canonical encode spe
 stands (the fewest tokens back to a canonical boundary, then the canonical ids), ``horizon`` long,
 twice as long each time the same line outlives its draft. The sweep runs again on what is known.
 When nothing waits, the sweep's answer is final, and the drafts only decided what it cost.
-``max_passes`` caps the rounds: the last rounds draft to the end, and what still waits after the
-last is dropped; with no answer left, :func:`recon.recovery.search.search` takes over.
+``max_passes`` caps the rounds: what still waits after the last is dropped (drafting every line
+to the end in the last rounds instead ran hundreds of waiting lines' whole tails in one call and
+grew the local scorer past 11 GB on held-out p007-0 at t=1.3); with no answer left, :func:`recon.recovery.search.search` takes over.
 
 **A second look** (:func:`~recon.recovery.repair.repair`, as after the default search): what the
 rules dropped at an anchor is finished along the answer's tail, or its last cut moved into it, and
@@ -159,11 +160,11 @@ class _Search:
             if draft:
                 self.drafted[prefix] = len(draft)
 
-    def _draft(self, ids: tuple[int, ...], state: tuple[int, bytes], lead: bool, rounds_left: int) -> list[int]:
+    def _draft(self, ids: tuple[int, ...], state: tuple[int, bytes], lead: bool) -> list[int]:
         """The canonical encode's ids from ``state`` on (the fewest tokens back to a canonical
         boundary, then the canonical ids), as far as the scores are likely to be read: to the next
         anchor for a new line; twice its last draft for a line that outlived one; to the end for
-        the line that leads at its anchor, and for every line in the last rounds."""
+        the line that leads at its anchor."""
         text, seg = self.text, self.seg
         c, pend = state
         if not text.data.startswith(pend, c):
@@ -177,7 +178,7 @@ class _Search:
         except ReconError:
             return []
         out = refill + list(self.canonical[self.draft_at[b]:])
-        if lead or rounds_left <= 2:
+        if lead:
             return out
         anchor, q, h = text.next_anchor(p), p, 0
         while h < len(out) and q < anchor:
@@ -360,8 +361,7 @@ class _Search:
                 found = self._sweep(delta, top)
                 if not found.waiting or self.passes >= self.max_passes:
                     break
-                left = self.max_passes - self.passes
-                self._score([(ids, st, self._draft(ids, st, ids in found.leads, left)) for ids, st in sorted(found.waiting.items())])
+                self._score([(ids, st, self._draft(ids, st, ids in found.leads)) for ids, st in sorted(found.waiting.items())])
             if found.waiting:  # out of rounds: what still waits is dropped
                 found = self._sweep(delta, top, final=True)
             if found.done or self.passes >= self.max_passes:
