@@ -58,7 +58,7 @@ SECTIONS: dict[str, tuple[str, str | None, float]] = {
     "slack-shortfall": ("benchmarks/llamacpp_heldout.py --shortfall data/heldout-llamacpp-t0.7-p0.95.jsonl "
                         "data/heldout-llamacpp-t0.8-default.jsonl data/heldout-llamacpp-t1.4-m0.05.jsonl", None, 9),
     "scorer-cost": ("benchmarks/scorer_cost.py", None, 1),
-    "recover-searches": ("benchmarks/recover_search_cost.py --limit 40", "benchmarks/recover_search_cost.py --limit 8", 30),
+    "recover-searches": ("benchmarks/recover_search_cost.py --limit 16", "benchmarks/recover_search_cost.py --limit 4", 8),
     "recover-together": ("benchmarks/recover_together.py",
                          "benchmarks/recover_together.py --limit 4 --together 1,4", 8),
 }

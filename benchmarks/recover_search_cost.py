@@ -1,6 +1,6 @@
 """The two searches on the same samples, in one run: what each costs and what each gets right.
 
-    python benchmarks/recover_search_cost.py --inputs data/heldout-t1.3.jsonl --limit 40
+    python benchmarks/recover_search_cost.py --inputs data/heldout-t1.3.jsonl --limit 16
 
 For each search (``recon recover --search beam`` and ``--search lazy``) a fresh local scorer
 (one torch thread, so neither reads positions the other ran) recovers the samples one at a time.
