@@ -44,8 +44,8 @@ pay for them later, so its lead now drops nothing. Before the last U+FFFD for lo
 rules keep whose distribution is not known yet waits; the sweep goes on past it, and every prefix
 waiting anywhere is scored in the next round, all in one scorer call (one forward pass with the
 local scorer's prefix tree), each with a draft: the ids the canonical encode spells from where it
-stands (the fewest tokens back to a canonical boundary, then the canonical ids), ``horizon`` long,
-twice as long each time the same line outlives its draft. The sweep runs again on what is known.
+stands (the fewest tokens back to a canonical boundary, then the canonical ids), to the next anchor,
+twice as long each time the same line outlives its draft, to the end for the line that leads. The sweep runs again on what is known.
 When nothing waits, the sweep's answer is final, and the drafts only decided what it cost.
 ``max_passes`` caps the rounds: what still waits after the last is dropped (drafting every line
 to the end in the last rounds instead ran hundreds of waiting lines' whole tails in one call and
@@ -67,7 +67,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from recon.errors import ReconError
@@ -89,7 +89,7 @@ class _Sweep:
 
 
 def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
-           delta: float = 2.0, top: int = 4, settle: int = 12, horizon: int = 8, max_passes: int = 60,
+           delta: float = 2.0, top: int = 4, settle: int = 12, max_passes: int = 60,
            length: int | None = None, split_delta: float = 4.0, repairs: int = 3, repair_width: int = 8) -> SearchResult:
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
@@ -99,17 +99,18 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     position scored so far through the scorer's prefix tree). ``repairs``/``repair_width``: the
     second look (:func:`~recon.recovery.repair.repair`) after the sweeps."""
     text = Text(seg, canonical)
-    found = _Search(prompt, canonical, text, scorer, sampling, delta, top, settle, horizon, max_passes, length)
-    found.split_delta, found.split_cap = split_delta, 32 * top
-    found.repairs, found.repair_width = repairs, repair_width
-    return found.run()
+    return _Search(prompt, canonical, text, scorer, sampling, delta, top, settle, max_passes, length,
+                   split_delta, repairs, repair_width).run()
 
 
 class _Search:
-    def __init__(self, prompt, canonical, text: Text, scorer, sampling, delta, top, settle, horizon, max_passes, length):
+    def __init__(self, prompt, canonical, text: Text, scorer, sampling, delta, top, settle, max_passes, length,
+                 split_delta, repairs, repair_width):
         self.prompt, self.canonical, self.text, self.seg = list(prompt), tuple(canonical), text, text.seg
         self.scorer, self.sampling = scorer, sampling
-        self.delta, self.top, self.settle, self.horizon, self.max_passes = delta, top, settle, horizon, max_passes
+        self.delta, self.top, self.settle, self.max_passes = delta, top, settle, max_passes
+        self.split_delta, self.split_cap = split_delta, 32 * top  # the rules inside a segment (widened on retries)
+        self.repairs, self.repair_width = repairs, repair_width
         self.length = length
         self.kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
         self.dists: dict[tuple[int, ...], dict[int, float]] = {}
