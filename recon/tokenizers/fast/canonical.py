@@ -22,6 +22,10 @@ each pre-token alone. A cut that is a pre-token boundary whatever surrounds it (
 each side as it would alone) splits that work into independent parts, so the ids are the text's
 encoding iff the added tokens are extracted exactly where the ids hold them and every stretch
 between two cuts is the encoding of its own text.
+
+It is one module because :class:`CanonicalCheck` is one pass over a batch: the cut, the look-ups,
+the learning and the CJK runs' hand-off share its tables and stores, and split apart each would
+reach into the others' state.
 """
 
 from __future__ import annotations

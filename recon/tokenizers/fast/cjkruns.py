@@ -71,6 +71,10 @@ look-up, which only makes more pairs fail), or where the kernel isn't compiled t
 pairs of one group glued with an added token into one text (the core encodes the text between
 two added tokens alone, and a pair of one group is one pre-token of it), the others one
 ``_encode_single_piece`` each.
+
+It is one module because the five steps above are one argument for exactness, and each piece of
+code here is one of its steps (the groups, the pair check, the skeleton and its pieces): apart,
+the code would stand away from the reasoning that makes it exact.
 """
 
 from __future__ import annotations
