@@ -32,8 +32,17 @@ COMMANDS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors (an unknown choice, a missing argument) print one
+    line, as recon's other expected errors do, rather than the usage block and then the error.
+    Subcommands' parsers are this class too (``add_subparsers`` makes them of its parser's type)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="recon",
         description="Which token ids did a language model sample? Check special tokens, reconstruct ids "
                     "from API text, audit reconstructions against ground truth.",
