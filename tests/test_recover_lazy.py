@@ -20,13 +20,10 @@ CI_SUBSET = ROOT / "tests" / "data" / "recover-ci.jsonl"
 #: where the lazy search is known to miss what the default search finds, and why: asserted to
 #: still miss, so that a fix shows here (docs/recovery.md, the lazy search's section)
 LAZY_MISSES = {
-    # top-p 0.9: the canonical ids hold a token the sampler removed, so they are a dead end; the
-    # sweeps run again with wider rules, and the sampled cut (3.1 nats above) is not among them
-    ("heldout-t1.0-p0.9", "p015-0"): "a dead end under truncation",
-    ("heldout-t1.4-m0.05", "p017-1"): "a dead end under truncation",  # min-p 0.05: 0.85 nats above
-    # llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05): a canonical, exact sample that the
-    # lazy search moves off its ids (the beam keeps them)
-    ("heldout-llamacpp-t0.8-default", "p032-0"): "an exact sample made wrong under truncation",
+    # gibberish: the sampled cut ` trans`+`lum` (where the canonical ids have ` transl`+`um`) sits
+    # more than split_delta under its guess inside the segment; the lazy search ends 1.23 nats
+    # below the sampled ids, the beam 0.005 above them
+    ("heldout-t1.3", "p014-2"): "a cut the guess inside a segment drops",
 }
 
 
@@ -53,7 +50,9 @@ def test_lazy_search_makes_no_search_error_on_the_ci_samples(model, bound):
     and scores at least as high as the sampled ids (the data's ``output_ids``) under the sampling
     distribution, unless those hold a special token the text does not show, the default search
     misses them too (t=1.3 p008-2, cut inside a character: then no worse than it), or the lazy
-    search is known to miss them (:data:`LAZY_MISSES`); an exact sample stays exact."""
+    search is known to miss them (:data:`LAZY_MISSES`); a sample the bundled rows recover exactly
+    stays exact. Two samples here are dead ends for the lazy search (top-p 0.9 p015-0, min-p 0.05
+    p017-1: every line it keeps needs a token the sampler removed), where the beam takes over."""
     from recon.recovery.recover import recover, sampling_of
     from recon.recovery.scorers import LocalScorer
     from recon.recovery.search import score_ids
@@ -76,7 +75,7 @@ def test_lazy_search_makes_no_search_error_on_the_ci_samples(model, bound):
             assert not res.exact, f"{rec.id} no longer missed ({LAZY_MISSES[rec.dataset, rec.id]}): update LAZY_MISSES and the docs"
             missed.append(rec.id)
             continue
-        if res.canonical_exact:
+        if rows[rec.dataset, rec.id].exact:  # an exact sample stays exact
             assert res.exact, rec.id
         if not res.exact:
             sampled = rec.output_ids[:-1] if rec.response.finish_reason == "stop" else rec.output_ids
@@ -104,6 +103,19 @@ def test_lazy_search_finds_a_cut_its_guess_ranks_low(model, bound):
     res = next(recover([rec], bound, scorer, progress=False, method="lazy"))
     sampling = sampling_of(rec, scorer)
     assert score_ids(rec.prompt_ids, res.ids, scorer, sampling) >= score_ids(rec.prompt_ids, rec.output_ids, scorer, sampling) - 1e-4
+
+
+def test_lazy_search_keeps_a_cut_behind_at_its_anchor_that_wins_later(model, bound):
+    """Held-out p026-2 at t=1.3: the sampled cut is 2.5 nats behind the best where the two meet
+    and 7 ahead at the end (compared where they meet, the lazy search returned ids 7.2 nats below
+    the sampled ones). With the bar lowered by the next segment's cost it returns the sampled ids,
+    as the default search does."""
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
+
+    rec = _held(["heldout-t1.3"])["heldout-t1.3", "p026-2"]
+    res = next(recover([rec], bound, LocalScorer(model), progress=False, method="lazy"))
+    assert not res.canonical_exact and res.ids == rec.output_ids
 
 
 def test_lazy_search_costs_fewer_calls_and_positions_than_the_beam(model, bound):
@@ -155,4 +167,5 @@ def test_cli_recover_takes_the_lazy_search_and_refuses_an_unknown_one(tmp_path, 
     assert [m["exact"] for m in back] == [True, True] and all(m["positions"] > 0 for m in back)
     bad = recon("recover", str(tmp_path / "in.jsonl"), "--tokenizer", "smollm2", "--profile", "chatml",
                 "--search", "greedy", "--out", str(tmp_path / "bad.jsonl"))
-    assert bad.returncode == 2 and "argument --search: invalid choice: 'greedy'" in bad.stderr.strip().splitlines()[-1]
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1  # one line, no usage block
+    assert bad.stderr.startswith("recon recover: error: argument --search: invalid choice: 'greedy'")

@@ -19,20 +19,25 @@ pruning). The scorer counts the positions it runs (:func:`recon.recovery.scorers
 most words): every candidate has a token boundary there. Between two anchors the text is a short
 segment; the beam holds, at each anchor, the prefixes that reach it.
 
-**A segment, best first.** From the beam at one anchor, prefixes are taken likeliest first
-(Meister et al., TACL 2020): a prefix still inside the segment is extended by every token the text
-allows there, one that reached the next anchor joins the beam there unless it is more than
-``delta`` nats below the best there, beyond the ``top`` best, or the same as a better one for the
-last ``settle`` tokens. Taken in score order, every completion better than a prefix is known when
-the prefix is looked at. Log-probabilities only fall as a prefix grows, so a prefix inside the
-segment already more than ``delta`` below the best that reached the next anchor could be dropped
-exactly, but in text the model finds odd (gibberish at t=1.3) that still expands thousands of
-cuts. So a prefix inside a segment is judged on a *guess* of the rest of the segment (the
-canonical ids' own scores from their next boundary on) against the best line's guess, and goes
-on only within ``split_delta`` of it, at most ``32 * top`` per segment. This is the rule that is
+**A segment, best first.** From the beam at one anchor, prefixes are taken likeliest first (Meister
+et al., TACL 2020): a prefix still inside the segment is extended by every token the text allows
+there, one that reached the next anchor joins the beam there unless it is more than ``delta`` nats
+below the best there, beyond the ``top`` best, or the same as a better one for the last ``settle``
+tokens. The default search compares prefixes one anchor later (with what the best reaches at the
+anchor after), and a prefix behind at one anchor can lead at the next (held-out p026-2 at t=1.3: 2.5
+nats behind, then 7 ahead); so the bar is lowered by the canonical ids' own cost over the next
+segment, at most ``ahead`` nats. Taken in score order, every completion better than a prefix is
+known when the prefix is looked at. Log-probabilities only fall as a prefix grows, so a prefix
+inside the segment already more than ``delta`` below the best that reached the next anchor could be
+dropped exactly, but in text the model finds odd (gibberish at t=1.3) that still expands thousands
+of cuts. So a prefix inside a segment is judged on a *guess* of the rest of the segment (the
+canonical ids' own scores from their next boundary on) against the best line's guess, and goes on
+only within ``split_delta`` of it, at most ``split_cap * top`` per segment. This is the rule that is
 not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is 3.9 below the guess
-half way through the segment). The canonical ids are never dropped (the answer scores at least as
-high as they do).
+half way through the segment; and 64 per segment, where 32 ended 3.5 nats below the sampled ids when
+``ahead`` kept more lines); it drops held-out p014-2's sampled `` trans``+``lum`` at t=1.3, more
+than 4 under its guess, and ends 1.23 nats below the sampled ids. The canonical ids are never
+dropped (the answer scores at least as high as they do).
 
 **The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
 cannot end with exactly that many ids is impossible. Prefixes are rivals only as far as they still
@@ -43,20 +48,27 @@ pay for them later, so its lead now drops nothing. Before the last U+FFFD for lo
 **Rounds.** The sweep over the segments reads only distributions already known. A prefix the
 rules keep whose distribution is not known yet waits; the sweep goes on past it, and every prefix
 waiting anywhere is scored in the next round, all in one scorer call (one forward pass with the
-local scorer's prefix tree), each with a draft: the ids the canonical encode spells from where it
-stands (the fewest tokens back to a canonical boundary, then the canonical ids), to the next anchor,
-twice as long each time the same line outlives its draft, to the end for the line that leads. The sweep runs again on what is known.
-When nothing waits, the sweep's answer is final, and the drafts only decided what it cost.
-``max_passes`` caps the rounds: what still waits after the last is dropped (drafting every line
-to the end in the last rounds instead ran hundreds of waiting lines' whole tails in one call and
-grew the local scorer past 11 GB on held-out p007-0 at t=1.3); with no answer left, :func:`recon.recovery.search.search` takes over.
+local scorer's prefix tree). A waiting prefix the rules keep with room to spare (at or above its
+bar) goes with a draft: the ids the canonical encode spells from where it stands (the fewest
+tokens back to a canonical boundary, then the canonical ids), to the next anchor, twice as long
+each time the same line outlives its draft, to the end for the line that leads. One kept only by
+a margin goes alone: its draft was read about one time in ten on held-out t=1.3 samples (a draft
+from above its bar, one in three). The sweep runs again on what is known. When nothing waits,
+the sweep's answer is final, and the drafts only decided what it cost. ``max_passes`` caps the
+rounds: what still waits after the last is dropped (drafting every line to the end in the last
+rounds instead ran hundreds of waiting lines' whole tails in one call and grew the local scorer
+past 11 GB on held-out p007-0 at t=1.3).
+
+**Dead ends.** Every line can end inside a segment: with a truncating sampler (every way on needs
+a token the sampler removed), or with a count the lines kept can no longer meet. Then, as when
+it runs out of rounds with no answer, :func:`recon.recovery.search.search` takes over, reading
+what was scored here from the scorer's prefix tree. Widening the rules and sweeping again ran
+thousands of prefixes a round on held-out p007-0 at t=1.3 (350 s, against 33 s for the beam) and
+still missed two truncated samples the beam finds.
 
 **A second look** (:func:`~recon.recovery.repair.repair`, as after the default search): what the
 rules dropped at an anchor is finished along the answer's tail, or its last cut moved into it, and
 the likeliest few scored whole.
-
-**Dead ends.** With a truncating sampler a prefix can be one (every way on needs a token the
-sampler removed); when the beam dies everywhere, the sweep runs again with wider rules.
 
 **Confidence** is the returned sequence's share of probability among every candidate: the
 complete ones found, and each dropped prefix counted as if it went on as well as the best did.
@@ -90,32 +102,37 @@ class _Sweep:
 
 def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
            delta: float = 2.0, top: int = 4, settle: int = 12, max_passes: int = 60,
-           length: int | None = None, split_delta: float = 4.0, repairs: int = 3, repair_width: int = 8) -> SearchResult:
+           length: int | None = None, split_delta: float = 4.0, split_cap: int = 64, ahead: float = 1.0,
+           draft_margin: float = 0.0, repairs: int = 3, repair_width: int = 8) -> SearchResult:
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
     or ``max_tokens`` for a sample cut at it). ``split_delta``: how far below the best guess at
-    the next anchor a prefix inside a segment may fall and still go on. ``max_passes``: rounds
+    the next anchor a prefix inside a segment may fall and still go on, at most ``split_cap * top``
+    of them a segment. ``ahead``: the most the bar at an anchor is lowered for the next segment's
+    cost. ``draft_margin``: how far below its bar a waiting prefix may be and still go with a draft
+    (the cost only, never the answer). ``max_passes``: rounds
     before the search hands over to :func:`recon.recovery.search.search` (which reuses every
     position scored so far through the scorer's prefix tree). ``repairs``/``repair_width``: the
     second look (:func:`~recon.recovery.repair.repair`) after the sweeps."""
     text = Text(seg, canonical)
     return _Search(prompt, canonical, text, scorer, sampling, delta, top, settle, max_passes, length,
-                   split_delta, repairs, repair_width).run()
+                   split_delta, split_cap, ahead, draft_margin, repairs, repair_width).run()
 
 
 class _Search:
     def __init__(self, prompt, canonical, text: Text, scorer, sampling, delta, top, settle, max_passes, length,
-                 split_delta, repairs, repair_width):
+                 split_delta, split_cap, ahead, draft_margin, repairs, repair_width):
         self.prompt, self.canonical, self.text, self.seg = list(prompt), tuple(canonical), text, text.seg
         self.scorer, self.sampling = scorer, sampling
         self.delta, self.top, self.settle, self.max_passes = delta, top, settle, max_passes
-        self.split_delta, self.split_cap = split_delta, 32 * top  # the rules inside a segment (widened on retries)
+        self.split_delta, self.split_cap = split_delta, split_cap * top  # the rules inside a segment
         self.repairs, self.repair_width = repairs, repair_width
-        self.length = length
+        self.length, self.ahead, self.draft_margin = length, ahead, draft_margin
         self.kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
         self.dists: dict[tuple[int, ...], dict[int, float]] = {}
         self.drafted: dict[tuple[int, ...], int] = {}  # a draft's last prefix -> the draft's length
         self.passes = 0
+        self.margin: dict[tuple[int, ...], float] = {}
         self.draft_at: dict[int, int] = {}  # byte offset of a canonical boundary -> index in canonical
         pos = 0
         for k, i in enumerate(canonical):
@@ -181,6 +198,8 @@ class _Search:
         out = refill + list(self.canonical[self.draft_at[b]:])
         if lead:
             return out
+        if self.margin.get(ids, 0.0) < -self.draft_margin:
+            return []
         anchor, q, h = text.next_anchor(p), p, 0
         while h < len(out) and q < anchor:
             q += len(seg.token_bytes[out[h]])
@@ -225,7 +244,7 @@ class _Search:
         return max((s for g, s in best.items() if g is None or abs(g) <= abs(need)), default=-math.inf)
 
     # -- the sweep --------------------------------------------------------------------------------
-    def _sweep(self, delta: float, top: int, final: bool = False) -> _Sweep:
+    def _sweep(self, final: bool = False) -> _Sweep:
         """The beam over the segments, on the distributions known now. A prefix the rules keep
         whose distribution is not known waits, and goes on as a *ghost*: along the canonical ids'
         own scores from where it rejoins them (a guess, none of it scored). Ghosts take places in
@@ -238,8 +257,13 @@ class _Search:
         waiting: dict[tuple[int, ...], tuple[int, bytes]] = {}
         leads: set[tuple[int, ...]] = set()
         tie = itertools.count()
-        for a, b in zip(self.anchors, self.anchors[1:]):
+        for i, (a, b) in enumerate(zip(self.anchors, self.anchors[1:])):
             end = (b, b"")
+            # the beam's bar at b is what the best reaches one anchor later (guessed from the
+            # canonical ids' own scores over the next segment): a prefix behind at b may win there
+            ahead = 0.0
+            if i + 2 < len(self.anchors) and self.cum[self.draft_at[self.anchors[i + 2]]] > -math.inf:
+                ahead = max(self.cum[self.draft_at[self.anchors[i + 2]]] - self.cum[self.draft_at[b]], -self.ahead)
             heap = []
             for s, ids, ghost in beam:
                 if ghost is None:
@@ -265,7 +289,7 @@ class _Search:
                     need = self._need(k, b)
                     same = kept.setdefault(need, [])
                     bar = self._bar(best, need)
-                    if not canon and (s < bar - delta or len(same) >= top or (
+                    if not canon and (s < bar + ahead - self.delta or len(same) >= self.top or (
                             ghost is None and same and same[0][2] is None and common_suffix(ids, same[0][1]) >= self.settle)):
                         if ghost is None:
                             rivals.append((ids, s - max(bar, s)))
@@ -280,13 +304,14 @@ class _Search:
                     raise ReconError(f"a token crossed the anchor at byte {b} (a bug)")
                 reach = self._reach(len(ids), state, b)
                 bar = self._bar(best, reach)
+                margin = s - bar
                 if not canon and state != (a, b""):  # inside the segment: can it still reach the beam at b?
-                    if (s + self._rest_of(state, b) < max(bar, self._bar(guess, reach)) - self.split_delta
-                            or expanded >= self.split_cap):
+                    margin = s + self._rest_of(state, b) - max(bar, self._bar(guess, reach))
+                    if margin < -self.split_delta or expanded >= self.split_cap:
                         rivals.append((ids, s - max(bar, s)))
                         continue
                     expanded += 1
-                elif not canon and s < bar - delta:
+                elif not canon and s < bar - self.delta:
                     rivals.append((ids, s - bar))
                     self.dropped.append((s, ids, a))
                     continue
@@ -296,6 +321,7 @@ class _Search:
                     continue
                 if dist is None:
                     waiting[ids] = state
+                    self.margin[ids] = margin
                     ghost = self._ghost(ids, state, s)
                     if ghost is not None:
                         self._haunt(heap, tie, ghost, b)
@@ -344,6 +370,18 @@ class _Search:
         if self._feasible(ghost[1] + k, (b, b"")):
             heapq.heappush(heap, (-(ghost[0] + self.cum[k]), next(tie), None, (b, b""), ghost))
 
+    def _sweeps(self) -> _Sweep:
+        """Sweeps and rounds until nothing waits (or ``max_passes``)."""
+        while True:
+            self.dropped = []
+            found = self._sweep()
+            if found.waiting and self.passes < self.max_passes:
+                self._score([(ids, st, self._draft(ids, st, ids in found.leads)) for ids, st in sorted(found.waiting.items())])
+                continue
+            if found.waiting:  # out of rounds: what still waits is dropped
+                found = self._sweep(final=True)
+            return found
+
     def run(self) -> SearchResult:
         start = (0, b"")
         self._score([((), start, list(self.canonical))])
@@ -354,19 +392,7 @@ class _Search:
         self.cum = [0.0]  # the canonical ids' score after each of them
         for k, t in enumerate(self.canonical):
             self.cum.append(self.cum[-1] + self.dists[self.canonical[:k]].get(t, -math.inf))
-        widen = [(self.delta, self.top, self.split_delta, self.split_cap), (4 * self.delta, 4 * self.top, 4 * self.delta, 4 * self.split_cap),
-                 (math.inf, 16 * self.top, math.inf, 16 * self.split_cap)]
-        for delta, top, self.split_delta, self.split_cap in widen:
-            while True:
-                self.dropped = []
-                found = self._sweep(delta, top)
-                if not found.waiting or self.passes >= self.max_passes:
-                    break
-                self._score([(ids, st, self._draft(ids, st, ids in found.leads)) for ids, st in sorted(found.waiting.items())])
-            if found.waiting:  # out of rounds: what still waits is dropped
-                found = self._sweep(delta, top, final=True)
-            if found.done or self.passes >= self.max_passes:
-                break
+        found = self._sweeps()
         if not found.done:
             # Out of rounds with no answer (the canonical ids need not be one: with a count they can
             # be impossible): the breadth-first beam takes over. It raises where no cut can be an
