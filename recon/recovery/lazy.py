@@ -45,19 +45,20 @@ need cuts off the canonical ids to end with that count (``need``): one that stil
 pay for them later, so its lead now drops nothing. Before the last U+FFFD for lost bytes
 (:attr:`~recon.recovery.states.Text.certain_from`) no count is certain and all are rivals.
 
-**Rounds.** The sweep over the segments reads only distributions already known. A prefix the
-rules keep whose distribution is not known yet waits; the sweep goes on past it, and every prefix
-waiting anywhere is scored in the next round, all in one scorer call (one forward pass with the
-local scorer's prefix tree). A waiting prefix the rules keep with room to spare (at or above its
-bar) goes with a draft: the ids the canonical encode spells from where it stands (the fewest
-tokens back to a canonical boundary, then the canonical ids), to the next anchor, twice as long
-each time the same line outlives its draft, to the end for the line that leads. One kept only by
-a margin goes alone: its draft was read about one time in ten on held-out t=1.3 samples (a draft
-from above its bar, one in three). The sweep runs again on what is known. When nothing waits,
-the sweep's answer is final, and the drafts only decided what it cost. ``max_passes`` caps the
-rounds: what still waits after the last is dropped (drafting every line to the end in the last
-rounds instead ran hundreds of waiting lines' whole tails in one call and grew the local scorer
-past 11 GB on held-out p007-0 at t=1.3).
+**Rounds.** The sweep over the segments reads only distributions already known. A prefix the rules
+keep whose distribution is not known yet waits; the sweep goes on past it, and every prefix waiting
+anywhere is scored in the next round, all in one scorer call (one forward pass with the local
+scorer's prefix tree). A waiting prefix the rules keep with room to spare (at or above its bar) goes
+with a draft: the ids the canonical encode spells from where it stands (the fewest tokens back to a
+canonical boundary, then the canonical ids), to the next anchor, twice as long each time the same
+line outlives its draft, to the end for the line that leads. One kept only by a margin goes alone:
+its draft was read about one time in ten on held-out t=1.3 samples (a draft from above its bar, one
+in three). The sweep runs again on what is known. When nothing waits, the sweep's answer is final,
+and the drafts decided what it cost (and, now and then, a guess: a segment's guess is set by the
+beam lines whose distributions are known when it starts). ``max_passes`` caps the rounds: what still
+waits after the last is dropped (drafting every line to the end in the last rounds instead ran
+hundreds of waiting lines' whole tails in one call and grew the local scorer past 11 GB on held-out
+p007-0 at t=1.3).
 
 **Dead ends.** Every line can end inside a segment: with a truncating sampler (every way on needs
 a token the sampler removed), or with a count the lines kept can no longer meet. Then, as when
@@ -110,7 +111,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     the next anchor a prefix inside a segment may fall and still go on, at most ``split_cap * top``
     of them a segment. ``ahead``: the most the bar at an anchor is lowered for the next segment's
     cost. ``draft_margin``: how far below its bar a waiting prefix may be and still go with a draft
-    (the cost only, never the answer). ``max_passes``: rounds
+    (what it costs; see the module's *Rounds*). ``max_passes``: rounds
     before the search hands over to :func:`recon.recovery.search.search` (which reuses every
     position scored so far through the scorer's prefix tree). ``repairs``/``repair_width``: the
     second look (:func:`~recon.recovery.repair.repair`) after the sweeps."""
