@@ -34,8 +34,7 @@ of cuts. So a prefix inside a segment is judged on a *guess* of the rest of the 
 canonical ids' own scores from their next boundary on) against the best line's guess, and goes on
 only within ``split_delta`` of it, at most ``split_cap * top`` per segment. This is the rule that is
 not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is 3.9 below the guess
-half way through the segment; and 64 per segment, where 32 ended 3.5 nats below the sampled ids when
-``ahead`` kept more lines); it drops held-out p014-2's sampled `` trans``+``lum`` at t=1.3, more
+half way through the segment); it drops held-out p014-2's sampled `` trans``+``lum`` at t=1.3, more
 than 4 under its guess, and ends 1.23 nats below the sampled ids. The canonical ids are never
 dropped (the answer scores at least as high as they do).
 
@@ -56,16 +55,12 @@ its draft was read about one time in ten on held-out t=1.3 samples (a draft from
 in three). The sweep runs again on what is known. When nothing waits, the sweep's answer is final,
 and the drafts decided what it cost (and, now and then, a guess: a segment's guess is set by the
 beam lines whose distributions are known when it starts). ``max_passes`` caps the rounds: what still
-waits after the last is dropped (drafting every line to the end in the last rounds instead ran
-hundreds of waiting lines' whole tails in one call and grew the local scorer past 11 GB on held-out
-p007-0 at t=1.3).
+waits after the last is dropped.
 
-**Dead ends.** Every line can end inside a segment: with a truncating sampler (every way on needs
-a token the sampler removed), or with a count the lines kept can no longer meet. Then, as when
-it runs out of rounds with no answer, :func:`recon.recovery.search.search` takes over, reading
-what was scored here from the scorer's prefix tree. Widening the rules and sweeping again ran
-thousands of prefixes a round on held-out p007-0 at t=1.3 (350 s, against 33 s for the beam) and
-still missed two truncated samples the beam finds.
+**Dead ends.** Every line can end inside a segment: with a truncating sampler (every way on needs a
+token the sampler removed), or with a count the lines kept can no longer meet. Then, as when it runs
+out of rounds with no answer, :func:`recon.recovery.search.search` takes over, reading what was
+scored here from the scorer's prefix tree.
 
 **A second look** (:func:`~recon.recovery.repair.repair`, as after the default search): what the
 rules dropped at an anchor is finished along the answer's tail, or its last cut moved into it, and
@@ -73,6 +68,9 @@ the likeliest few scored whole.
 
 **Confidence** is the returned sequence's share of probability among every candidate: the
 complete ones found, and each dropped prefix counted as if it went on as well as the best did.
+
+It is one module because the sweep, its rules, the drafts and the rounds read and write one
+search's state (the distributions known, the drafts' lengths, the waiting lines' margins).
 """
 
 from __future__ import annotations
