@@ -258,11 +258,7 @@ class _Search:
         tie = itertools.count()
         for i, (a, b) in enumerate(zip(self.anchors, self.anchors[1:])):
             end = (b, b"")
-            # the beam's bar at b is what the best reaches one anchor later (guessed from the
-            # canonical ids' own scores over the next segment): a prefix behind at b may win there
-            ahead = 0.0
-            if i + 2 < len(self.anchors) and self.cum[self.draft_at[self.anchors[i + 2]]] > -math.inf:
-                ahead = max(self.cum[self.draft_at[self.anchors[i + 2]]] - self.cum[self.draft_at[b]], -self.ahead)
+            ahead = self.lowered[i]
             heap = []
             for s, ids, ghost in beam:
                 if ghost is None:
@@ -391,6 +387,11 @@ class _Search:
         self.cum = [0.0]  # the canonical ids' score after each of them
         for k, t in enumerate(self.canonical):
             self.cum.append(self.cum[-1] + self.dists[self.canonical[:k]].get(t, -math.inf))
+        # per segment, what the bar at its end is lowered by: the beam's bar there is what the best
+        # reaches one anchor later, guessed from the canonical ids' own scores over the next
+        # segment (none where those are impossible: a token the sampler removed)
+        ends = [self.cum[self.draft_at[q]] for q in self.anchors]
+        self.lowered = [max(c - b, -self.ahead) if c > -math.inf else 0.0 for b, c in zip(ends[1:], ends[2:])] + [0.0]
         found = self._sweeps()
         if not found.done:
             # Out of rounds with no answer (the canonical ids need not be one: with a count they can
