@@ -118,6 +118,28 @@ def test_lazy_search_keeps_a_cut_behind_at_its_anchor_that_wins_later(model, bou
     assert not res.canonical_exact and res.ids == rec.output_ids
 
 
+def test_lazy_search_lets_a_few_cuts_its_guess_drops_go_on(model, bound):
+    """Held-out p027-3 at t=1.3: the sampled `` sp``+``in`` sits more than ``split_delta`` under its
+    guess (the canonical `` spin``'s own cost of the rest), yet nothing that reached the next anchor
+    beats it; the likeliest few such cuts a segment go on (``lead_cap``), and the search returns
+    the sampled ids (it returned ids 2 nats below them). p035-2 (bytes lost to U+FFFD, where any
+    byte may stand): its segment needs more cuts than ``split_cap`` (``lost_cap`` times as many
+    where bytes are lost); it ended 8 nats below the sampled ids and must now score at least as
+    high as they do."""
+    from recon.recovery.recover import recover, sampling_of
+    from recon.recovery.scorers import LocalScorer
+    from recon.recovery.search import score_ids
+
+    held = _held(["heldout-t1.3"])
+    scorer = LocalScorer(model)
+    exact, lost = (held["heldout-t1.3", i] for i in ("p027-3", "p035-2"))
+    first, second = recover([exact, lost], bound, scorer, progress=False, method="lazy")
+    assert not first.canonical_exact and first.ids == exact.output_ids
+    sampling = sampling_of(lost, scorer)
+    assert "\ufffd" in lost.response.content
+    assert score_ids(lost.prompt_ids, second.ids, scorer, sampling) >= score_ids(lost.prompt_ids, lost.output_ids, scorer, sampling) - 1e-4
+
+
 def test_lazy_search_costs_fewer_calls_and_positions_than_the_beam(model, bound):
     """On three non-canonical t=1.3 samples, both searches return the sampled ids; the lazy one
     makes fewer scorer calls and runs fewer model positions (each search on a fresh scorer, so

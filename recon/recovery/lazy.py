@@ -32,11 +32,14 @@ inside the segment already more than ``delta`` below the best that reached the n
 dropped exactly, but in text the model finds odd (gibberish at t=1.3) that still expands thousands
 of cuts. So a prefix inside a segment is judged on a *guess* of the rest of the segment (the
 canonical ids' own scores from their next boundary on) against the best line's guess, and goes on
-only within ``split_delta`` of it, at most ``split_cap * top`` per segment. This is the rule that is
-not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is 3.9 below the guess
-half way through the segment); it drops held-out p014-2's sampled `` trans``+``lum`` at t=1.3, more
-than 4 under its guess, and ends 1.23 nats below the sampled ids. The canonical ids are never
-dropped (the answer scores at least as high as they do).
+only within ``split_delta`` of it, at most ``split_cap * top`` per segment (``lost_cap`` times as
+many where the text lost bytes: any bytes may stand for a U+FFFD, and such a segment has hundreds
+of cuts). This is the rule that is not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its
+better cut is 3.9 below the guess half way through the segment). The guess charges a cut the
+canonical ids' cost of the rest, which a cut that goes on differently does not pay (p027-3's
+sampled `` sp``+``in`` against the canonical `` spin``): so the likeliest ``lead_cap`` prefixes a
+segment that the guess drops but the bound keeps (nothing at the next anchor is ``delta`` above
+them) go on too. The canonical ids are never dropped (the answer scores at least as high as they do).
 
 **The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
 cannot end with exactly that many ids is impossible. Prefixes are rivals only as far as they still
@@ -102,31 +105,34 @@ class _Sweep:
 def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
            delta: float = 2.0, top: int = 4, settle: int = 12, max_passes: int = 60,
            length: int | None = None, split_delta: float = 4.0, split_cap: int = 64, ahead: float = 1.0,
-           draft_margin: float = 0.0, repairs: int = 3, repair_width: int = 8) -> SearchResult:
+           draft_margin: float = 0.0, lead_cap: int = 4, lost_cap: int = 4, repairs: int = 3,
+           repair_width: int = 8) -> SearchResult:
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
     or ``max_tokens`` for a sample cut at it). ``split_delta``: how far below the best guess at
     the next anchor a prefix inside a segment may fall and still go on, at most ``split_cap * top``
-    of them a segment. ``ahead``: the most the bar at an anchor is lowered for the next segment's
-    cost. ``draft_margin``: how far below its bar a waiting prefix may be and still go with a draft
-    (what it costs; see the module's *Rounds*). ``max_passes``: rounds
-    before the search hands over to :func:`recon.recovery.search.search` (which reuses every
+    of them a segment (``lost_cap`` times as many where bytes are lost); ``lead_cap``: how many a
+    segment go on although the guess drops them, the likeliest first. ``ahead``: the most the bar
+    at an anchor is lowered for the next segment's cost. ``draft_margin``: how far below its bar a
+    waiting prefix may be and still go with a draft (what it costs; see the module's *Rounds*).
+    ``max_passes``: rounds before the search hands over to :func:`recon.recovery.search.search` (which reuses every
     position scored so far through the scorer's prefix tree). ``repairs``/``repair_width``: the
     second look (:func:`~recon.recovery.repair.repair`) after the sweeps."""
     text = Text(seg, canonical)
     return _Search(prompt, canonical, text, scorer, sampling, delta, top, settle, max_passes, length,
-                   split_delta, split_cap, ahead, draft_margin, repairs, repair_width).run()
+                   split_delta, split_cap, ahead, draft_margin, repairs, repair_width, lead_cap, lost_cap).run()
 
 
 class _Search:
     def __init__(self, prompt, canonical, text: Text, scorer, sampling, delta, top, settle, max_passes, length,
-                 split_delta, split_cap, ahead, draft_margin, repairs, repair_width):
+                 split_delta, split_cap, ahead, draft_margin, repairs, repair_width, lead_cap, lost_cap):
         self.prompt, self.canonical, self.text, self.seg = list(prompt), tuple(canonical), text, text.seg
         self.scorer, self.sampling = scorer, sampling
         self.delta, self.top, self.settle, self.max_passes = delta, top, settle, max_passes
         self.split_delta, self.split_cap = split_delta, split_cap * top  # the rules inside a segment
         self.repairs, self.repair_width = repairs, repair_width
         self.length, self.ahead, self.draft_margin = length, ahead, draft_margin
+        self.lead_cap, self.lost_cap = lead_cap, lost_cap
         self.kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
         self.dists: dict[tuple[int, ...], dict[int, float]] = {}
         self.drafted: dict[tuple[int, ...], int] = {}  # a draft's last prefix -> the draft's length
@@ -273,7 +279,8 @@ class _Search:
                     k = len(ids) + self.draft_at[b] - self.draft_at[a]
                     need = self._need(k, b)
                     guess[need] = max(guess.get(need, -math.inf), s + self.cum[self.draft_at[b]] - self.cum[self.draft_at[a]])
-            expanded = 0
+            expanded = extra = 0
+            cap = self.split_cap * (self.lost_cap if any(a - self.seg.wild_radius <= w < b for w in self.text.lost) else 1)
             kept: dict[int | None, list[tuple[float, tuple[int, ...] | None, tuple | None]]] = {}
             while heap:
                 neg, _, ids, state, ghost = heapq.heappop(heap)
@@ -302,10 +309,13 @@ class _Search:
                 margin = s - bar
                 if not canon and state != (a, b""):  # inside the segment: can it still reach the beam at b?
                     margin = s + self._rest_of(state, b) - max(bar, self._bar(guess, reach))
-                    if margin < -self.split_delta or expanded >= self.split_cap:
+                    if margin >= -self.split_delta and expanded < cap:
+                        expanded += 1
+                    elif extra < self.lead_cap and s >= bar + ahead - self.delta:
+                        extra += 1  # the guess would drop it, the bound keeps it: one of the few that go on
+                    else:
                         rivals.append((ids, s - max(bar, s)))
                         continue
-                    expanded += 1
                 elif not canon and s < bar - self.delta:
                     rivals.append((ids, s - bar))
                     self.dropped.append((s, ids, a))
