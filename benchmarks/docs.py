@@ -55,6 +55,8 @@ SECTIONS: dict[str, tuple[str, str | None, float]] = {
     "recover-llamacpp": ("benchmarks/recover_accuracy.py --report --inputs data/heldout-llamacpp-t0.7-p0.95.jsonl "
                          "data/heldout-llamacpp-t0.8-default.jsonl data/heldout-llamacpp-t1.4-m0.05.jsonl "
                          "--out data/recover-heldout-llamacpp.jsonl", None, 0.05),
+    "recover-fresh": ("benchmarks/recover_accuracy.py --report --inputs data/heldout-llamacpp-t0.7-p0.95-s31.jsonl "
+                      "data/heldout-llamacpp-t1.0-s32.jsonl --out data/recover-heldout-llamacpp-fresh.jsonl", None, 0.05),
     "slack-shortfall": ("benchmarks/llamacpp_heldout.py --shortfall data/heldout-llamacpp-t0.7-p0.95.jsonl "
                         "data/heldout-llamacpp-t0.8-default.jsonl data/heldout-llamacpp-t1.4-m0.05.jsonl", None, 9),
     "scorer-cost": ("benchmarks/scorer_cost.py", None, 1),
@@ -63,7 +65,7 @@ SECTIONS: dict[str, tuple[str, str | None, float]] = {
                          "benchmarks/recover_together.py --limit 4 --together 1,4", 8),
 }
 #: counts over bundled rows: the same on every run and machine (no time in their stamp)
-EXACT = {"recover-heldout", "recover-truncated", "recover-llamacpp"}
+EXACT = {"recover-heldout", "recover-truncated", "recover-llamacpp", "recover-fresh"}
 #: scripts that print markdown without being asked (the others take --markdown)
 PLAIN = ("llamacpp_heldout.py",)
 
