@@ -115,9 +115,10 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     segment go on although the guess drops them, the likeliest first. ``ahead``: the most the bar
     at an anchor is lowered for the next segment's cost. ``draft_margin``: how far below its bar a
     waiting prefix may be and still go with a draft (what it costs; see the module's *Rounds*).
-    ``max_passes``: rounds before the search hands over to :func:`recon.recovery.search.search` (which reuses every
-    position scored so far through the scorer's prefix tree). ``repairs``/``repair_width``: the
-    second look (:func:`~recon.recovery.repair.repair`) after the sweeps."""
+    ``max_passes``: rounds before the search hands over to :func:`recon.recovery.search.search`
+    (which reuses every position scored so far through the scorer's prefix tree).
+    ``repairs``/``repair_width``: the second look (:func:`~recon.recovery.repair.repair`) after the
+    sweeps."""
     text = Text(seg, canonical)
     return _Search(prompt, canonical, text, scorer, sampling, delta, top, settle, max_passes, length,
                    split_delta, split_cap, ahead, draft_margin, repairs, repair_width, lead_cap, lost_cap).run()
@@ -280,7 +281,7 @@ class _Search:
                     need = self._need(k, b)
                     guess[need] = max(guess.get(need, -math.inf), s + self.cum[self.draft_at[b]] - self.cum[self.draft_at[a]])
             expanded = extra = 0
-            cap = self.split_cap * (self.lost_cap if any(a - self.seg.wild_radius <= w < b for w in self.text.lost) else 1)
+            cap = self.caps[i]
             kept: dict[int | None, list[tuple[float, tuple[int, ...] | None, tuple | None]]] = {}
             while heap:
                 neg, _, ids, state, ghost = heapq.heappop(heap)
@@ -402,6 +403,10 @@ class _Search:
         # segment (none where those are impossible: a token the sampler removed)
         ends = [self.cum[self.draft_at[q]] for q in self.anchors]
         self.lowered = [max(c - b, -self.ahead) if c > -math.inf else 0.0 for b, c in zip(ends[1:], ends[2:])] + [0.0]
+        # per segment, how many prefixes inside it may go on: more where the text lost bytes
+        lost = self.text.lost
+        self.caps = [self.split_cap * (self.lost_cap if any(a - self.seg.wild_radius <= w < b for w in lost) else 1)
+                     for a, b in zip(self.anchors, self.anchors[1:])]
         found = self._sweeps()
         if not found.done:
             # Out of rounds with no answer (the canonical ids need not be one: with a count they can
