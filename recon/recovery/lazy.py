@@ -39,7 +39,8 @@ better cut is 3.9 below the guess half way through the segment). The guess charg
 canonical ids' cost of the rest, which a cut that goes on differently does not pay (p027-3's
 sampled `` sp``+``in`` against the canonical `` spin``): so the likeliest ``lead_cap`` prefixes a
 segment that the guess drops but the bound keeps (nothing at the next anchor is ``delta`` above
-them) go on too. The canonical ids are never dropped (the answer scores at least as high as they do).
+them, the bar there lowered as at the anchor) go on too. The canonical ids are never dropped (the
+answer scores at least as high as they do).
 
 **The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
 cannot end with exactly that many ids is impossible. Prefixes are rivals only as far as they still
@@ -102,6 +103,25 @@ class _Sweep:
     leads: set[tuple[int, ...]]  # those of them that were the best at their anchor
 
 
+@dataclass(frozen=True)
+class Rules:
+    """One lazy search's rules: :func:`search`'s knobs (its signature holds their defaults and
+    its docstring what each does), kept together so the search reads them from one place."""
+
+    delta: float
+    top: int
+    settle: int
+    max_passes: int
+    split_delta: float
+    split_cap: int
+    ahead: float
+    draft_margin: float
+    lead_cap: int
+    lost_cap: int
+    repairs: int
+    repair_width: int
+
+
 def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
            delta: float = 2.0, top: int = 4, settle: int = 12, max_passes: int = 60,
            length: int | None = None, split_delta: float = 4.0, split_cap: int = 64, ahead: float = 1.0,
@@ -119,21 +139,15 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     (which reuses every position scored so far through the scorer's prefix tree).
     ``repairs``/``repair_width``: the second look (:func:`~recon.recovery.repair.repair`) after the
     sweeps."""
-    text = Text(seg, canonical)
-    return _Search(prompt, canonical, text, scorer, sampling, delta, top, settle, max_passes, length,
-                   split_delta, split_cap, ahead, draft_margin, repairs, repair_width, lead_cap, lost_cap).run()
+    rules = Rules(delta, top, settle, max_passes, split_delta, split_cap, ahead, draft_margin, lead_cap, lost_cap,
+                  repairs, repair_width)
+    return _Search(prompt, canonical, Text(seg, canonical), scorer, sampling, length, rules).run()
 
 
 class _Search:
-    def __init__(self, prompt, canonical, text: Text, scorer, sampling, delta, top, settle, max_passes, length,
-                 split_delta, split_cap, ahead, draft_margin, repairs, repair_width, lead_cap, lost_cap):
+    def __init__(self, prompt, canonical, text: Text, scorer, sampling, length: int | None, rules: Rules):
         self.prompt, self.canonical, self.text, self.seg = list(prompt), tuple(canonical), text, text.seg
-        self.scorer, self.sampling = scorer, sampling
-        self.delta, self.top, self.settle, self.max_passes = delta, top, settle, max_passes
-        self.split_delta, self.split_cap = split_delta, split_cap * top  # the rules inside a segment
-        self.repairs, self.repair_width = repairs, repair_width
-        self.length, self.ahead, self.draft_margin = length, ahead, draft_margin
-        self.lead_cap, self.lost_cap = lead_cap, lost_cap
+        self.scorer, self.sampling, self.length, self.rules = scorer, sampling, length, rules
         self.kwargs = {"sampling": sampling} if getattr(scorer, "truncates", False) else {}
         self.dists: dict[tuple[int, ...], dict[int, float]] = {}
         self.drafted: dict[tuple[int, ...], int] = {}  # a draft's last prefix -> the draft's length
@@ -204,7 +218,7 @@ class _Search:
         out = refill + list(self.canonical[self.draft_at[b]:])
         if lead:
             return out
-        if self.margin.get(ids, 0.0) < -self.draft_margin:
+        if self.margin.get(ids, 0.0) < -self.rules.draft_margin:
             return []
         anchor, q, h = text.next_anchor(p), p, 0
         while h < len(out) and q < anchor:
@@ -257,7 +271,7 @@ class _Search:
         the beam and set bars as prefixes do, so that the prefixes this sweep sends to be scored
         are close to what the sweep after it keeps; they are never an answer, and a sweep with
         nothing waiting has none: its beam is exactly what the rules give on scored prefixes."""
-        text, canonical = self.text, self.canonical
+        text, canonical, rules = self.text, self.canonical, self.rules
         beam: list[tuple[float, tuple[int, ...] | None, tuple | None]] = [(0.0, (), None)]
         rivals: list[tuple[tuple[int, ...], float]] = []
         waiting: dict[tuple[int, ...], tuple[int, bytes]] = {}
@@ -292,8 +306,8 @@ class _Search:
                     need = self._need(k, b)
                     same = kept.setdefault(need, [])
                     bar = self._bar(best, need)
-                    if not canon and (s < bar + ahead - self.delta or len(same) >= self.top or (
-                            ghost is None and same and same[0][2] is None and common_suffix(ids, same[0][1]) >= self.settle)):
+                    if not canon and (s < bar + ahead - rules.delta or len(same) >= rules.top or (
+                            ghost is None and same and same[0][2] is None and common_suffix(ids, same[0][1]) >= rules.settle)):
                         if ghost is None:
                             rivals.append((ids, s - max(bar, s)))
                             self.dropped.append((s, ids, b))
@@ -310,14 +324,14 @@ class _Search:
                 margin = s - bar
                 if not canon and state != (a, b""):  # inside the segment: can it still reach the beam at b?
                     margin = s + self._rest_of(state, b) - max(bar, self._bar(guess, reach))
-                    if margin >= -self.split_delta and expanded < cap:
+                    if margin >= -rules.split_delta and expanded < cap:
                         expanded += 1
-                    elif extra < self.lead_cap and s >= bar + ahead - self.delta:
+                    elif extra < rules.lead_cap and s >= bar + ahead - rules.delta:
                         extra += 1  # the guess would drop it, the bound keeps it: one of the few that go on
                     else:
                         rivals.append((ids, s - max(bar, s)))
                         continue
-                elif not canon and s < bar - self.delta:
+                elif not canon and s < bar - rules.delta:
                     rivals.append((ids, s - bar))
                     self.dropped.append((s, ids, a))
                     continue
@@ -381,7 +395,7 @@ class _Search:
         while True:
             self.dropped = []
             found = self._sweep()
-            if found.waiting and self.passes < self.max_passes:
+            if found.waiting and self.passes < self.rules.max_passes:
                 self._score([(ids, st, self._draft(ids, st, ids in found.leads)) for ids, st in sorted(found.waiting.items())])
                 continue
             if found.waiting:  # out of rounds: what still waits is dropped
@@ -389,7 +403,7 @@ class _Search:
             return found
 
     def run(self) -> SearchResult:
-        start = (0, b"")
+        start, rules = (0, b""), self.rules
         self._score([((), start, list(self.canonical))])
         n = len(self.text.data)
         self._next_boundary = [n] * (n + 1)  # byte offset -> the first canonical boundary at or after it
@@ -402,10 +416,11 @@ class _Search:
         # reaches one anchor later, guessed from the canonical ids' own scores over the next
         # segment (none where those are impossible: a token the sampler removed)
         ends = [self.cum[self.draft_at[q]] for q in self.anchors]
-        self.lowered = [max(c - b, -self.ahead) if c > -math.inf else 0.0 for b, c in zip(ends[1:], ends[2:])] + [0.0]
+        self.lowered = [max(c - b, -rules.ahead) if c > -math.inf else 0.0 for b, c in zip(ends[1:], ends[2:])] + [0.0]
         # per segment, how many prefixes inside it may go on: more where the text lost bytes
         lost = self.text.lost
-        self.caps = [self.split_cap * (self.lost_cap if any(a - self.seg.wild_radius <= w < b for w in lost) else 1)
+        cap = rules.split_cap * rules.top
+        self.caps = [cap * (rules.lost_cap if any(a - self.seg.wild_radius <= w < b for w in lost) else 1)
                      for a, b in zip(self.anchors, self.anchors[1:])]
         found = self._sweeps()
         if not found.done:
@@ -417,9 +432,9 @@ class _Search:
         score, ids = found.done[0]
         rivals = [(i, s - score) for s, i in found.done[1:]] + found.rivals
         lps = [self.dists[ids[:k]][t] for k, t in enumerate(ids)]
-        for _ in range(self.repairs):
+        for _ in range(rules.repairs):
             better, calls = repair(self.prompt, ids, lps, self.dropped, self.dists, self.text, self.scorer, self.sampling, self.length,
-                                   self.delta, self.repair_width, self.kwargs)
+                                   rules.delta, rules.repair_width, self.kwargs)
             self.passes += calls
             if better is None:
                 break
