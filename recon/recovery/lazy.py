@@ -26,7 +26,11 @@ below the best there, beyond the ``top`` best, or the same as a better one for t
 tokens. The default search compares prefixes one anchor later (with what the best reaches at the
 anchor after), and a prefix behind at one anchor can lead at the next (held-out p026-2 at t=1.3: 2.5
 nats behind, then 7 ahead); so the bar is lowered by the canonical ids' own cost over the next
-segment, at most ``ahead`` nats. Taken in score order, every completion better than a prefix is
+segment, at most ``ahead`` nats; and a prefix whose distribution is already known (a draft ran
+through it) stays if it is within ``delta`` + ``probe`` of the bar. Its next tokens cost nothing,
+and where the next segment starts the default search's own rule judges it: it goes on only within
+``delta`` of the best that reached the anchor after (held-out llama.cpp s32 p015-1 at t=1.0: the
+sampled ids 4.4 nats behind at one anchor, and the likeliest at the end). Taken in score order, every completion better than a prefix is
 known when the prefix is looked at. Log-probabilities only fall as a prefix grows, so a prefix
 inside the segment already more than ``delta`` below the best that reached the next anchor could be
 dropped exactly, but in text the model finds odd (gibberish at t=1.3) that still expands thousands
@@ -115,6 +119,7 @@ class Rules:
     split_delta: float
     split_cap: int
     ahead: float
+    probe: float
     draft_margin: float
     lead_cap: int
     lost_cap: int
@@ -125,7 +130,7 @@ class Rules:
 def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
            delta: float = 2.0, top: int = 4, settle: int = 12, max_passes: int = 60,
            length: int | None = None, split_delta: float = 4.0, split_cap: int = 64, ahead: float = 1.0,
-           draft_margin: float = 0.0, lead_cap: int = 4, lost_cap: int = 4, repairs: int = 3,
+           probe: float = 3.0, draft_margin: float = 0.0, lead_cap: int = 4, lost_cap: int = 4, repairs: int = 3,
            repair_width: int = 8) -> SearchResult:
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
@@ -133,14 +138,16 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     the next anchor a prefix inside a segment may fall and still go on, at most ``split_cap * top``
     of them a segment (``lost_cap`` times as many where bytes are lost); ``lead_cap``: how many a
     segment go on although the guess drops them, the likeliest first. ``ahead``: the most the bar
-    at an anchor is lowered for the next segment's cost. ``draft_margin``: how far below its bar a
-    waiting prefix may be and still go with a draft (what it costs; see the module's *Rounds*).
+    at an anchor is lowered for the next segment's cost; ``probe``: how much further below it a
+    prefix whose distribution is known may be and still go on to the next segment's own test.
+    ``draft_margin``: how far below its bar a waiting prefix may be and still go with a draft
+    (what it costs; see the module's *Rounds*).
     ``max_passes``: rounds before the search hands over to :func:`recon.recovery.search.search`
     (which reuses every position scored so far through the scorer's prefix tree).
     ``repairs``/``repair_width``: the second look (:func:`~recon.recovery.repair.repair`) after the
     sweeps."""
-    rules = Rules(delta, top, settle, max_passes, split_delta, split_cap, ahead, draft_margin, lead_cap, lost_cap,
-                  repairs, repair_width)
+    rules = Rules(delta, top, settle, max_passes, split_delta, split_cap, ahead, probe, draft_margin, lead_cap,
+                  lost_cap, repairs, repair_width)
     return _Search(prompt, canonical, Text(seg, canonical), scorer, sampling, length, rules).run()
 
 
@@ -280,6 +287,7 @@ class _Search:
         for i, (a, b) in enumerate(zip(self.anchors, self.anchors[1:])):
             end = (b, b"")
             ahead = self.lowered[i]
+            probe = rules.probe if i + 2 < len(self.anchors) else 0.0  # (nothing to probe past the end)
             heap = []
             for s, ids, ghost in beam:
                 if ghost is None:
@@ -306,7 +314,9 @@ class _Search:
                     need = self._need(k, b)
                     same = kept.setdefault(need, [])
                     bar = self._bar(best, need)
-                    if not canon and (s < bar + ahead - rules.delta or len(same) >= rules.top or (
+                    behind = s < bar + ahead - rules.delta and not (
+                        ghost is None and ids in self.dists and s >= bar - probe - rules.delta)
+                    if not canon and (behind or len(same) >= rules.top or (
                             ghost is None and same and same[0][2] is None and common_suffix(ids, same[0][1]) >= rules.settle)):
                         if ghost is None:
                             rivals.append((ids, s - max(bar, s)))
