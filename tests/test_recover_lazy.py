@@ -115,6 +115,26 @@ def test_lazy_search_probes_a_line_behind_at_an_anchor(model, bound):
     assert res.ids == rec.output_ids
 
 
+def test_lazy_search_guesses_past_a_token_the_sampler_removed(model, bound, monkeypatch):
+    """Held-out p027-1 and p005-3 at t=1.0 top-p 0.9: the canonical ids hold a token top-p
+    removed, and a guess along their scores was -inf past it: no cut inside such a segment passed,
+    the sweep died, and the default search took over (32 and 55 more calls). With that token
+    counted 0 in the guesses the lazy search answers itself, with the data's ``output_ids``."""
+    import recon.recovery.lazy as lazy
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
+
+    def no_hand_over(*args, **kwargs):
+        raise AssertionError("the lazy search handed over to the default search")
+
+    monkeypatch.setattr(lazy, "beam_search", no_hand_over)
+    held = _held(["heldout-t1.0-p0.9"])
+    picked = [held["heldout-t1.0-p0.9", i] for i in ("p027-1", "p005-3")]
+    for rec, res in zip(picked, recover(picked, bound, LocalScorer(model), progress=False, method="lazy")):
+        assert res.error is None, res.error
+        assert res.ids == rec.output_ids, rec.id
+
+
 def test_lazy_search_keeps_a_cut_behind_at_its_anchor_that_wins_later(model, bound):
     """Held-out p026-2 at t=1.3: the sampled cut is 2.5 nats behind the best where the two meet
     and 7 ahead at the end (compared where they meet, the lazy search returned ids 7.2 nats below

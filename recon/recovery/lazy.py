@@ -30,21 +30,21 @@ segment, at most ``ahead`` nats; and a prefix whose distribution is already know
 through it) stays if it is within ``delta`` + ``probe`` of the bar. Its next tokens cost nothing,
 and where the next segment starts the default search's own rule judges it: it goes on only within
 ``delta`` of the best that reached the anchor after (held-out llama.cpp s32 p015-1 at t=1.0: the
-sampled ids 4.4 nats behind at one anchor, and the likeliest at the end). Taken in score order, every completion better than a prefix is
-known when the prefix is looked at. Log-probabilities only fall as a prefix grows, so a prefix
-inside the segment already more than ``delta`` below the best that reached the next anchor could be
-dropped exactly, but in text the model finds odd (gibberish at t=1.3) that still expands thousands
-of cuts. So a prefix inside a segment is judged on a *guess* of the rest of the segment (the
-canonical ids' own scores from their next boundary on) against the best line's guess, and goes on
-only within ``split_delta`` of it, at most ``split_cap * top`` per segment (``lost_cap`` times as
-many where the text lost bytes: any bytes may stand for a U+FFFD, and such a segment has hundreds
-of cuts). This is the rule that is not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its
-better cut is 3.9 below the guess half way through the segment). The guess charges a cut the
-canonical ids' cost of the rest, which a cut that goes on differently does not pay (p027-3's
-sampled `` sp``+``in`` against the canonical `` spin``): so the likeliest ``lead_cap`` prefixes a
-segment that the guess drops but the bound keeps (nothing at the next anchor is ``delta`` above
-them, the bar there lowered as at the anchor) go on too. The canonical ids are never dropped (the
-answer scores at least as high as they do).
+sampled ids 4.4 nats behind at one anchor, and the likeliest at the end). Taken in score order,
+every completion better than a prefix is known when the prefix is looked at. Log-probabilities only
+fall as a prefix grows, so a prefix inside the segment already more than ``delta`` below the best
+that reached the next anchor could be dropped exactly, but in text the model finds odd (gibberish at
+t=1.3) that still expands thousands of cuts. So a prefix inside a segment is judged on a *guess* of
+the rest of the segment (the canonical ids' own scores from their next boundary on, a token the
+sampler removed counted 0) against the best line's guess, and goes on only within ``split_delta`` of
+it, at most ``split_cap * top`` per segment (``lost_cap`` times as many where the text lost bytes:
+any bytes may stand for a U+FFFD, and such a segment has hundreds of cuts). This is the rule that is
+not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is 3.9 below the guess
+half way through the segment). The guess charges a cut the canonical ids' cost of the rest, which a
+cut that goes on differently does not pay (p027-3's sampled `` sp``+``in`` against the canonical
+`` spin``): so the likeliest ``lead_cap`` prefixes a segment that the guess drops but the bound keeps
+(nothing at the next anchor is ``delta`` above them, the bar there lowered as at the anchor) go on
+too. The canonical ids are never dropped (the answer scores at least as high as they do).
 
 **The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
 cannot end with exactly that many ids is impossible. Prefixes are rivals only as far as they still
@@ -419,13 +419,16 @@ class _Search:
         self._next_boundary = [n] * (n + 1)  # byte offset -> the first canonical boundary at or after it
         for q in range(n, -1, -1):
             self._next_boundary[q] = q if q in self.draft_at else self._next_boundary[min(q + 1, n)]
-        self.cum = [0.0]  # the canonical ids' score after each of them
-        for k, t in enumerate(self.canonical):
-            self.cum.append(self.cum[-1] + self.dists[self.canonical[:k]].get(t, -math.inf))
+        lps = [self.dists[self.canonical[:k]].get(t, -math.inf) for k, t in enumerate(self.canonical)]
+        # the canonical ids' score after each of them, for the guesses (a segment's rest, a ghost's
+        # line): a token the sampler removed counts 0 there, or past it every guess is -inf (NaN
+        # against another), no prefix inside a segment passes, and the sweep ends at a dead end
+        self.cum = list(itertools.accumulate((lp if lp > -math.inf else 0.0 for lp in lps), initial=0.0))
         # per segment, what the bar at its end is lowered by: the beam's bar there is what the best
         # reaches one anchor later, guessed from the canonical ids' own scores over the next
         # segment (none where those are impossible: a token the sampler removed)
-        ends = [self.cum[self.draft_at[q]] for q in self.anchors]
+        true = list(itertools.accumulate(lps, initial=0.0))
+        ends = [true[self.draft_at[q]] for q in self.anchors]
         self.lowered = [max(c - b, -rules.ahead) if c > -math.inf else 0.0 for b, c in zip(ends[1:], ends[2:])] + [0.0]
         # per segment, how many prefixes inside it may go on: more where the text lost bytes
         lost = self.text.lost
