@@ -48,6 +48,7 @@ SECTIONS: dict[str, tuple[str, str | None, float]] = {
     "audit-warm": ("benchmarks/audit_speed.py --cold 0",
                    "benchmarks/audit_speed.py --cold 0 --samples 20000 --memory-samples 10000,100000", 3),
     "audit-steps": ("benchmarks/audit_steps.py", None, 0.3),
+    "audit-startup": ("benchmarks/audit_startup.py", None, 1),
     "export-cost": ("benchmarks/export_cost.py", "benchmarks/export_cost.py --records 1000 --repeat 1", 3),
     "recover-heldout": ("benchmarks/recover_accuracy.py --report", None, 0.05),
     "recover-truncated": ("benchmarks/recover_accuracy.py --report --inputs data/heldout-t1.0-p0.9.jsonl "
