@@ -3,10 +3,14 @@
     python benchmarks/recover_accuracy.py                      # recover every sample, then report
     python benchmarks/recover_accuracy.py --shard 0/2 &        # or in parallel shards ...
     python benchmarks/recover_accuracy.py --shard 1/2
-    python benchmarks/recover_accuracy.py --report             # ... and report from their rows
-                                                               # (no shards: from the bundled rows)
+    python benchmarks/recover_accuracy.py --report             # ... and report from their rows, merged
+                                                               # (no shards waiting: from the rows file)
     python benchmarks/recover_accuracy.py --limit 4 --out /tmp/rows.jsonl   # a quick look: the first 4 of each file
     python benchmarks/recover_accuracy.py --inputs mine.jsonl --out /tmp/rows.jsonl  # your own samples (tuning)
+
+A shard writes its rows to a hidden file beside ``--out`` (``.<stem>-shard-i-of-n.jsonl``);
+``--report`` merges the waiting shards into ``--out`` and deletes them, so a later run never
+merges them again.
 
 Every failure is classified: a *search error* when the sampled ids score higher than the returned
 ones under the sampling distribution (the record's temperature, and top-p/top-k/min-p where its
@@ -220,15 +224,14 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     inputs, rows_out = args.inputs or INPUTS, args.out or ROWS
     i, n = map(int, args.shard.split("/"))
-    tag = "" if rows_out == ROWS else f"-{rows_out.stem}"
-    part = DATA / f".recover{tag}-shard-{i}-of-{n}.jsonl"
+    part = shard_path(rows_out, i, n)
     if not args.report:
         recover_rows((i, n), part, args.threads, inputs, args.limit, args.truncation_slack, args.search)
         if n > 1:
             print(f"wrote {part}; run --report when every shard is done")
             return
-    parts = sorted(DATA.glob(f".recover{tag}-shard-*-of-*.jsonl"))
-    if not parts and rows_out.is_file():  # no fresh shards: report from the bundled rows
+    parts = [part] if not args.report else shards_of(rows_out)
+    if not parts and rows_out.is_file():  # no shards waiting: report from the rows as they are (the bundled ones)
         from recon.recovery.recover import recovery_table
         import pandas as pd
 
@@ -239,11 +242,29 @@ def main() -> None:
         print(recovery_table(frame).to_string())
         print_failures(frame)
         print_cost(frame)
-        print(f"\nrows: {rows_out} (bundled; run without --report to recover again)")
+        print(f"\nrows: {rows_out} (no shard rows waiting beside it: the rows as they are; run without --report "
+              "to recover again)")
         return
     if not parts:
-        sys.exit("no shard rows in data/; run without --report first")
+        sys.exit(f"no shard rows beside {rows_out}; run without --report first")
     report(parts, inputs, rows_out, args.markdown)
+    for path in parts:  # merged into rows_out: a later run must not merge them again
+        path.unlink()
+
+
+def shard_path(rows_out: Path, i: int, n: int) -> Path:
+    """Shard i of n's rows, a hidden file beside the rows file they are merged into."""
+    return rows_out.parent / f".{rows_out.stem}-shard-{i}-of-{n}.jsonl"
+
+
+def shards_of(rows_out: Path) -> list[Path]:
+    """The shard files waiting beside ``rows_out``, all of one split (else an error naming them)."""
+    parts = sorted(rows_out.parent.glob(f".{rows_out.stem}-shard-*-of-*.jsonl"))
+    splits = {p.name.rsplit("-of-", 1)[1] for p in parts}
+    if len(splits) > 1:
+        sys.exit(f"shard files of different splits beside {rows_out}: {', '.join(p.name for p in parts)}; "
+                 "delete the stale ones")
+    return parts
 
 
 if __name__ == "__main__":
