@@ -61,14 +61,14 @@ t = clock()
 import recon.cli.audit, recon.audit.engine, recon.prompts.sources, recon.tokenizers.load
 spent["recon's modules"] = clock() - t
 import tiktoken, tokenizers
-core = [0.0]
-def clocked(inner):
+core, loaded = [0.0], [0.0]
+def clocked(inner, into=core):
     def timed(*a, **k):
         t = clock()
         try:
             return inner(*a, **k)
         finally:
-            core[0] += clock() - t
+            into[0] += clock() - t
     return timed
 tiktoken.Encoding.__init__ = clocked(tiktoken.Encoding.__init__)
 class Tokenizer:  # the native class can't take new attributes: recon's loader finds this one instead
@@ -78,15 +78,7 @@ class Tokenizer:  # the native class can't take new attributes: recon's loader f
     def __new__(cls, *a, _real=clocked(tokenizers.Tokenizer), **k):
         return _real(*a, **k)
 tokenizers.Tokenizer = Tokenizer
-load = recon.tokenizers.load.load_tokenizer
-loaded = [0.0]
-def timed_load(*a, **k):
-    t = clock()
-    try:
-        return load(*a, **k)
-    finally:
-        loaded[0] += clock() - t
-recon.tokenizers.load.load_tokenizer = timed_load
+recon.tokenizers.load.load_tokenizer = clocked(recon.tokenizers.load.load_tokenizer, loaded)
 t = clock()
 recon.audit.engine._bound(spec, None, profile, "fast")
 bound = clock() - t
