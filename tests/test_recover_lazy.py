@@ -135,6 +135,27 @@ def test_lazy_search_guesses_past_a_token_the_sampler_removed(model, bound, monk
         assert res.ids == rec.output_ids, rec.id
 
 
+def test_lazy_search_widens_its_guess_at_a_dead_end(model, bound, monkeypatch):
+    """Held-out p010-3 and p031-1 at t=1.0 top-p 0.9: every line the lazy search kept ended inside
+    a segment (the way on was a cut its guess dropped), and the default search took over, 53 and
+    39 calls in all. One more sweep over what is known, with the guess's rules ``widen`` times
+    wider, finds the data's ``output_ids`` itself, within the issue's 20 calls."""
+    import recon.recovery.lazy as lazy
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
+
+    def no_hand_over(*args, **kwargs):
+        raise AssertionError("the lazy search handed over to the default search")
+
+    monkeypatch.setattr(lazy, "beam_search", no_hand_over)
+    held = _held(["heldout-t1.0-p0.9"])
+    picked = [held["heldout-t1.0-p0.9", i] for i in ("p010-3", "p031-1")]
+    for rec, res in zip(picked, recover(picked, bound, LocalScorer(model), progress=False, method="lazy")):
+        assert res.error is None, res.error
+        assert res.ids == rec.output_ids, rec.id
+        assert res.passes <= 20, (rec.id, res.passes)
+
+
 def test_lazy_search_keeps_a_cut_behind_at_its_anchor_that_wins_later(model, bound):
     """Held-out p026-2 at t=1.3: the sampled cut is 2.5 nats behind the best where the two meet
     and 7 ahead at the end (compared where they meet, the lazy search returned ids 7.2 nats below
