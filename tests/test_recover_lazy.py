@@ -115,11 +115,9 @@ def test_lazy_search_probes_a_line_behind_at_an_anchor(model, bound):
     assert res.ids == rec.output_ids
 
 
-def test_lazy_search_guesses_past_a_token_the_sampler_removed(model, bound, monkeypatch):
-    """Held-out p027-1 and p005-3 at t=1.0 top-p 0.9: the canonical ids hold a token top-p
-    removed, and a guess along their scores was -inf past it: no cut inside such a segment passed,
-    the sweep died, and the default search took over (32 and 55 more calls). With that token
-    counted 0 in the guesses the lazy search answers itself, with the data's ``output_ids``."""
+def _without_hand_over(model, bound, monkeypatch, dataset: str, ids: tuple[str, ...]) -> list:
+    """The lazy search's results on held-out records, with the hand-over to the default search
+    made an error (each result paired with its record)."""
     import recon.recovery.lazy as lazy
     from recon.recovery.recover import recover
     from recon.recovery.scorers import LocalScorer
@@ -128,10 +126,20 @@ def test_lazy_search_guesses_past_a_token_the_sampler_removed(model, bound, monk
         raise AssertionError("the lazy search handed over to the default search")
 
     monkeypatch.setattr(lazy, "beam_search", no_hand_over)
-    held = _held(["heldout-t1.0-p0.9"])
-    picked = [held["heldout-t1.0-p0.9", i] for i in ("p027-1", "p005-3")]
-    for rec, res in zip(picked, recover(picked, bound, LocalScorer(model), progress=False, method="lazy")):
-        assert res.error is None, res.error
+    held = _held([dataset])
+    picked = [held[dataset, i] for i in ids]
+    out = list(zip(picked, recover(picked, bound, LocalScorer(model), progress=False, method="lazy")))
+    for rec, res in out:
+        assert res.error is None, (rec.id, res.error)
+    return out
+
+
+def test_lazy_search_guesses_past_a_token_the_sampler_removed(model, bound, monkeypatch):
+    """Held-out p027-1 and p005-3 at t=1.0 top-p 0.9: the canonical ids hold a token top-p
+    removed, and a guess along their scores was -inf past it: no cut inside such a segment passed,
+    the sweep died, and the default search took over (32 and 55 more calls). With that token
+    counted 0 in the guesses the lazy search answers itself, with the data's ``output_ids``."""
+    for rec, res in _without_hand_over(model, bound, monkeypatch, "heldout-t1.0-p0.9", ("p027-1", "p005-3")):
         assert res.ids == rec.output_ids, rec.id
 
 
@@ -140,18 +148,7 @@ def test_lazy_search_widens_its_guess_at_a_dead_end(model, bound, monkeypatch):
     a segment (the way on was a cut its guess dropped), and the default search took over, 53 and
     39 calls in all. One more sweep over what is known, with the guess's rules ``widen`` times
     wider, finds the data's ``output_ids`` itself, within the issue's 20 calls."""
-    import recon.recovery.lazy as lazy
-    from recon.recovery.recover import recover
-    from recon.recovery.scorers import LocalScorer
-
-    def no_hand_over(*args, **kwargs):
-        raise AssertionError("the lazy search handed over to the default search")
-
-    monkeypatch.setattr(lazy, "beam_search", no_hand_over)
-    held = _held(["heldout-t1.0-p0.9"])
-    picked = [held["heldout-t1.0-p0.9", i] for i in ("p010-3", "p031-1")]
-    for rec, res in zip(picked, recover(picked, bound, LocalScorer(model), progress=False, method="lazy")):
-        assert res.error is None, res.error
+    for rec, res in _without_hand_over(model, bound, monkeypatch, "heldout-t1.0-p0.9", ("p010-3", "p031-1")):
         assert res.ids == rec.output_ids, rec.id
         assert res.passes <= 20, (rec.id, res.passes)
 
