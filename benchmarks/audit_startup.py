@@ -89,10 +89,6 @@ print(json.dumps(spent))
 """
 
 
-def best(fn, repeat: int):
-    return min((fn() for _ in range(repeat)), key=lambda r: r if isinstance(r, float) else r["total"])
-
-
 def python_alone() -> float:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", "pass"], check=True)
@@ -118,8 +114,8 @@ def measure(name: str, repeat: int, with_floor: bool) -> dict:
         with open(data) as src:
             one.write_text(src.readline())
         whole = min(audit_process(one, memory=False, tokenizer=spec)[1] for _ in range(repeat))
-        python = best(python_alone, repeat)
-        inside = best(lambda: parts(spec), repeat)
+        python = min(python_alone() for _ in range(repeat))
+        inside = min((parts(spec) for _ in range(repeat)), key=lambda spent: spent["total"])
         floor = None
         if with_floor:
             env = {**os.environ, "TOKENIZERS_PARALLELISM": "true"}

@@ -450,9 +450,8 @@ class _Search:
             # more over what is known, the guess's rules widened (split_delta times widen, the caps
             # times widen squared), before the beam.
             grow = round(rules.widen ** 2)
-            self.rules = rules = replace(rules, split_delta=rules.widen * rules.split_delta,
-                                          split_cap=grow * rules.split_cap, lead_cap=grow * rules.lead_cap)
-            self.caps = [grow * c for c in self.caps]
+            self.rules = rules = replace(rules, split_delta=rules.widen * rules.split_delta, lead_cap=grow * rules.lead_cap)
+            self.caps = [grow * c for c in self.caps]  # (split_cap is read only through these)
             found = self._sweeps()
         if not found.done:
             # Out of rounds with no answer (the canonical ids need not be one: with a count they can
