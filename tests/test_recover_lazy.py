@@ -48,8 +48,8 @@ def test_lazy_search_makes_no_search_error_on_the_ci_samples(model, bound):
     distribution, unless those hold a special token the text does not show, the default search
     misses them too (t=1.3 p008-2, cut inside a character: then no worse than it), or the lazy
     search is known to miss them (:data:`LAZY_MISSES`); a sample the bundled rows recover exactly
-    stays exact. Two samples here are dead ends for the lazy search (top-p 0.9 p015-0, min-p 0.05
-    p017-1: every line it keeps needs a token the sampler removed), where the beam takes over."""
+    stays exact. One sample here is a dead end for the lazy search (top-p 0.9 p015-0: every line it
+    keeps needs a token the sampler removed), where the beam takes over."""
     from recon.recovery.recover import recover, sampling_of
     from recon.recovery.scorers import LocalScorer
     from recon.recovery.search import score_ids
@@ -149,6 +149,34 @@ def test_lazy_search_widens_its_guess_at_a_dead_end(model, bound, monkeypatch):
     39 calls in all. One more sweep over what is known, with the guess's rules ``widen`` times
     wider, finds the data's ``output_ids`` itself, within the issue's 20 calls."""
     for rec, res in _without_hand_over(model, bound, monkeypatch, "heldout-t1.0-p0.9", ("p010-3", "p031-1")):
+        assert res.ids == rec.output_ids, rec.id
+        assert res.passes <= 20, (rec.id, res.passes)
+
+
+def test_lazy_search_cuts_freely_where_the_sampler_removed_a_canonical_id(model, bound, monkeypatch):
+    """Held-out p017-1 at t=1.4 min-p 0.05: min-p removed the canonical ``Eat``+``erson``, and the
+    sampled ``E``+``aters``+``on`` sat 9.3 nats under a guess that counted them 0; and where the
+    sampled line met a line 1.1 nats ahead with the same last 12 tokens but one id more, ``settle``
+    took them for one line. Every line ended inside a segment, and the default search took over
+    (67 calls). With no guess in a segment whose canonical ids the sampler removed, and lines of
+    different lengths never settled as one, the lazy search returns the data's ``output_ids``
+    itself, in 21 calls (with either rule undone it misses them)."""
+    for rec, res in _without_hand_over(model, bound, monkeypatch, "heldout-t1.4-m0.05", ("p017-1",)):
+        assert res.ids == rec.output_ids, rec.id
+        assert res.passes <= 25, (rec.id, res.passes)
+
+
+def test_lazy_search_fills_a_round_that_has_room(model, bound):
+    """llama.cpp's held-out p015-0 (t=0.8, its default sampler) and p017-0 (t=1.4 min-p 0.05): one
+    line crawled alone one token a round, its draft withheld as it was kept only by a margin, for
+    39 and 36 calls. A crawl's round takes the withheld drafts: each returns the data's
+    ``output_ids`` within the issue's 20 calls (8 and 11)."""
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
+
+    held = _held(["heldout-llamacpp-t0.8-default", "heldout-t1.4-m0.05"])
+    picked = [held["heldout-llamacpp-t0.8-default", "p015-0"], held["heldout-t1.4-m0.05", "p017-0"]]
+    for rec, res in zip(picked, recover(picked, bound, LocalScorer(model), progress=False, method="lazy")):
         assert res.ids == rec.output_ids, rec.id
         assert res.passes <= 20, (rec.id, res.passes)
 

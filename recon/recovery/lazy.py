@@ -36,21 +36,27 @@ fall as a prefix grows, so a prefix inside the segment already more than ``delta
 that reached the next anchor could be dropped exactly, but in text the model finds odd (gibberish at
 t=1.3) that still expands thousands of cuts. So a prefix inside a segment is judged on a *guess* of
 the rest of the segment (the canonical ids' own scores from their next boundary on, a token the
-sampler removed counted 0) against the best line's guess, and goes on only within ``split_delta`` of
-it, at most ``split_cap * top`` per segment (``lost_cap`` times as many where the text lost bytes:
-any bytes may stand for a U+FFFD, and such a segment has hundreds of cuts). This is the rule that is
+sampler removed counted 0 past its segment) against the best line's guess, and goes on only within
+``split_delta`` of it, at most ``split_cap * top`` per segment (``lost_cap`` times as many where the
+text lost bytes: any bytes may stand for a U+FFFD, and such a segment has hundreds of cuts). This is the rule that is
 not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is 3.9 below the guess
 half way through the segment). The guess charges a cut the canonical ids' cost of the rest, which a
 cut that goes on differently does not pay (p027-3's sampled `` sp``+``in`` against the canonical
 `` spin``): so the likeliest ``lead_cap`` prefixes a segment that the guess drops but the bound keeps
 (nothing at the next anchor is ``delta`` above them, the bar there lowered as at the anchor) go on
-too. The canonical ids are never dropped (the answer scores at least as high as they do).
+too. The canonical ids are never dropped (the answer scores at least as high as they do). In a
+segment where the sampler removed one of the canonical ids the guess says nothing (the sampled cut
+of ``Eaterson`` in held-out t=1.4 min-p 0.05 p017-1 sat 9.3 nats under a guess that counted the
+removed ``Eat``+``erson`` 0), and a prefix there goes on by the bound alone, within ``split_delta``
+of the best that reached the next anchor, at most the cap.
 
 **The count.** With ``length`` (how many ids were sampled, where the record says) a prefix that
 cannot end with exactly that many ids is impossible. Prefixes are rivals only as far as they still
 need cuts off the canonical ids to end with that count (``need``): one that still needs more must
-pay for them later, so its lead now drops nothing. Before the last U+FFFD for lost bytes
-(:attr:`~recon.recovery.states.Text.certain_from`) no count is certain and all are rivals.
+pay for them later, so its lead now drops nothing; and two prefixes of different lengths are never
+the same line for ``settle``, whatever their last tokens (the text after them must absorb the
+difference). Before the last U+FFFD for lost bytes (:attr:`~recon.recovery.states.Text.certain_from`)
+no count is certain and all are rivals.
 
 **Rounds.** The sweep over the segments reads only distributions already known. A prefix the rules
 keep whose distribution is not known yet waits; the sweep goes on past it, and every prefix waiting
@@ -60,10 +66,12 @@ with a draft: the ids the canonical encode spells from where it stands (the fewe
 canonical boundary, then the canonical ids), to the next anchor, twice as long each time the same
 line outlives its draft, to the end for the line that leads. One kept only by a margin goes alone:
 its draft was read about one time in ten on held-out t=1.3 samples (a draft from above its bar, one
-in three). The sweep runs again on what is known. When nothing waits, the sweep's answer is final,
-and the drafts decided what it cost (and, now and then, a guess: a segment's guess is set by the
-beam lines whose distributions are known when it starts). ``max_passes`` caps the rounds: what still
-waits after the last is dropped.
+in three), unless the round is a crawl: one of at most ``top`` lines with fewer than ``fill``
+positions to run takes the withheld drafts too, the likeliest line first, as a call costs a fixed
+part whatever it holds and a line that crawls alone pays a call a token. The sweep runs again on
+what is known. When nothing waits, the sweep's answer is final, and the drafts decided what it cost
+(and, now and then, a guess: a segment's guess is set by the beam lines whose distributions are
+known when it starts). ``max_passes`` caps the rounds: what still waits after the last is dropped.
 
 **Dead ends.** Every line can end inside a segment: with a truncating sampler (every way on needs a
 token the sampler removed), or with a count the lines kept can no longer meet. Under truncation
@@ -132,13 +140,14 @@ class Rules:
     repairs: int
     repair_width: int
     widen: float
+    fill: int
 
 
 def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
            delta: float = 2.0, top: int = 4, settle: int = 12, max_passes: int = 60,
            length: int | None = None, split_delta: float = 4.0, split_cap: int = 64, ahead: float = 1.0,
            probe: float = 3.0, draft_margin: float = 0.0, lead_cap: int = 4, lost_cap: int = 4, repairs: int = 3,
-           repair_width: int = 8, widen: float = 2.0) -> SearchResult:
+           repair_width: int = 8, widen: float = 2.0, fill: int = 64) -> SearchResult:
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
     or ``max_tokens`` for a sample cut at it). ``split_delta``: how far below the best guess at
@@ -152,11 +161,13 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     ``max_passes``: rounds before the search hands over to :func:`recon.recovery.search.search`
     (which reuses every position scored so far through the scorer's prefix tree). ``widen``: at a
     dead end under a truncating sampler, how much wider the guess's rules are for one more try
-    before that hand-over (``split_delta`` times it, the caps times its square; 1: none).
+    before that hand-over (``split_delta`` times it, the caps times its square; 1: none). ``fill``:
+    a round of at most ``top`` lines with fewer positions to run than this also takes the drafts
+    ``draft_margin`` withheld, likeliest first, until it has about as many (0: none).
     ``repairs``/``repair_width``: the second look (:func:`~recon.recovery.repair.repair`) after the
     sweeps."""
     rules = Rules(delta, top, settle, max_passes, split_delta, split_cap, ahead, probe, draft_margin, lead_cap,
-                  lost_cap, repairs, repair_width, widen)
+                  lost_cap, repairs, repair_width, widen, fill)
     return _Search(prompt, canonical, Text(seg, canonical), scorer, sampling, length, rules).run()
 
 
@@ -214,11 +225,12 @@ class _Search:
             if draft:
                 self.drafted[prefix] = len(draft)
 
-    def _draft(self, ids: tuple[int, ...], state: tuple[int, bytes], lead: bool) -> list[int]:
+    def _draft(self, ids: tuple[int, ...], state: tuple[int, bytes], lead: bool, withheld: bool = False) -> list[int]:
         """The canonical encode's ids from ``state`` on (the fewest tokens back to a canonical
         boundary, then the canonical ids), as far as the scores are likely to be read: to the next
         anchor for a new line; twice its last draft for a line that outlived one; to the end for
-        the line that leads at its anchor."""
+        the line that leads at its anchor. A line kept only by a margin gets none unless
+        ``withheld`` (a round with room to fill)."""
         text, seg = self.text, self.seg
         c, pend = state
         if not text.data.startswith(pend, c):
@@ -234,7 +246,7 @@ class _Search:
         out = refill + list(self.canonical[self.draft_at[b]:])
         if lead:
             return out
-        if self.margin.get(ids, 0.0) < -self.rules.draft_margin:
+        if not withheld and self.margin.get(ids, 0.0) < -self.rules.draft_margin:
             return []
         anchor, q, h = text.next_anchor(p), p, 0
         while h < len(out) and q < anchor:
@@ -271,6 +283,14 @@ class _Search:
         most = self.length - k - self.rest[anchor] - (self.fewest[p] - self.fewest[anchor])
         least = self.length - k - self.rest[anchor] - (anchor - p)
         return 0 if least <= 0 <= most else min(abs(least), abs(most))
+
+    def _settled(self, ids: tuple[int, ...], better: tuple[int, ...]) -> bool:
+        """Whether ``ids`` is the same as the ``better`` prefix at its anchor for the last ``settle``
+        tokens, and as many ids long where the sample's count is known: the text after them must
+        absorb a difference in count, so such two are not the same line (held-out t=1.4 min-p 0.05
+        p017-1: the sampled ids one id short of a line 1.1 nats ahead that shared their last 12)."""
+        same = common_suffix(ids, better) >= self.rules.settle
+        return same and (self.length is None or len(ids) == len(better))
 
     @staticmethod
     def _bar(best: dict, need: int | None) -> float:
@@ -326,7 +346,7 @@ class _Search:
                     behind = s < bar + ahead - rules.delta and not (
                         ghost is None and ids in self.dists and s >= bar - probe - rules.delta)
                     if not canon and (behind or len(same) >= rules.top or (
-                            ghost is None and same and same[0][2] is None and common_suffix(ids, same[0][1]) >= rules.settle)):
+                            ghost is None and same and same[0][2] is None and self._settled(ids, same[0][1]))):
                         if ghost is None:
                             rivals.append((ids, s - max(bar, s)))
                             self.dropped.append((s, ids, b))
@@ -342,7 +362,7 @@ class _Search:
                 bar = self._bar(best, reach)
                 margin = s - bar
                 if not canon and state != (a, b""):  # inside the segment: can it still reach the beam at b?
-                    margin = s + self._rest_of(state, b) - max(bar, self._bar(guess, reach))
+                    margin = s - bar if self.blind[i] else s + self._rest_of(state, b) - max(bar, self._bar(guess, reach))
                     if margin >= -rules.split_delta and expanded < cap:
                         expanded += 1
                     elif extra < rules.lead_cap and s >= bar + ahead - rules.delta:
@@ -415,11 +435,32 @@ class _Search:
             self.dropped = []
             found = self._sweep()
             if found.waiting and self.passes < self.rules.max_passes:
-                self._score([(ids, st, self._draft(ids, st, ids in found.leads)) for ids, st in sorted(found.waiting.items())])
+                self._score(self._filled([(ids, st, self._draft(ids, st, ids in found.leads)) for ids, st in sorted(found.waiting.items())]))
                 continue
             if found.waiting:  # out of rounds: what still waits is dropped
                 found = self._sweep(final=True)
             return found
+
+    def _filled(self, items: list) -> list:
+        """A round's (prefix, state, draft) items; in a round of no more lines than the beam keeps
+        at an anchor (``top``), with the drafts ``draft_margin`` withheld, the likeliest first,
+        while it has fewer than ``fill`` positions to run. A scorer call costs a fixed part (a
+        server's round trip, a forward pass's set-up) whatever it holds, and a line that crawls
+        alone one token a round costs a call a token (held-out llama.cpp t=0.8 p015-0: 39 calls, 8
+        with its rounds filled). A wide round is left as it is: at t=1.3, filling every round
+        with room ran more positions for about as many calls."""
+        if len(items) > self.rules.top:
+            return items
+        room = self.rules.fill - sum(1 + len(d) for _, _, d in items)
+        for j in sorted(range(len(items)), key=lambda j: -self.margin.get(items[j][0], 0.0)):
+            if room <= 0:
+                break
+            ids, st, draft = items[j]
+            if not draft:
+                draft = self._draft(ids, st, False, withheld=True)
+                items[j] = (ids, st, draft)
+                room -= len(draft)
+        return items
 
     def run(self) -> SearchResult:
         start, rules = (0, b""), self.rules
@@ -444,6 +485,10 @@ class _Search:
         cap = rules.split_cap * rules.top
         self.caps = [cap * (rules.lost_cap if any(a - self.seg.wild_radius <= w < b for w in lost) else 1)
                      for a, b in zip(self.anchors, self.anchors[1:])]
+        # per segment, whether the sampler removed one of the canonical ids in it: the guess (their
+        # own scores, that one counted 0) says nothing of a cut there, which goes on by the bound
+        self.blind = [any(lp == -math.inf for lp in lps[self.draft_at[a]:self.draft_at[b]])
+                      for a, b in zip(self.anchors, self.anchors[1:])]
         found = self._sweeps()
         if not found.done and rules.widen > 1 and self.sampling.truncates:
             # A dead end under truncation: the guess dropped the way on that the sampler kept. Once
