@@ -167,9 +167,9 @@ def test_lazy_search_cuts_freely_where_the_sampler_removed_a_canonical_id(model,
 
 
 def test_lazy_search_fills_a_round_that_has_room(model, bound):
-    """llama.cpp's held-out p015-0 (t=0.8, its default sampler) and p017-0 (t=1.4 min-p 0.05): one
-    line crawled alone one token a round, its draft withheld as it was kept only by a margin, for
-    39 and 36 calls. A crawl's round takes the withheld drafts: each returns the data's
+    """llama.cpp's held-out p015-0 (t=0.8, its default sampler) and p017-0 (t=1.4 min-p 0.05): a
+    few lines crawled a token a round, their drafts withheld as they were kept only by a margin,
+    for 39 and 36 calls. A crawl's round takes the withheld drafts: each returns the data's
     ``output_ids`` within the issue's 20 calls (8 and 11)."""
     from recon.recovery.recover import recover
     from recon.recovery.scorers import LocalScorer

@@ -38,9 +38,9 @@ t=1.3) that still expands thousands of cuts. So a prefix inside a segment is jud
 the rest of the segment (the canonical ids' own scores from their next boundary on, a token the
 sampler removed counted 0 past its segment) against the best line's guess, and goes on only within
 ``split_delta`` of it, at most ``split_cap * top`` per segment (``lost_cap`` times as many where the
-text lost bytes: any bytes may stand for a U+FFFD, and such a segment has hundreds of cuts). This is the rule that is
-not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is 3.9 below the guess
-half way through the segment). The guess charges a cut the canonical ids' cost of the rest, which a
+text lost bytes: any bytes may stand for a U+FFFD, and such a segment has hundreds of cuts). This
+is the rule that is not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is
+3.9 below the guess half way through the segment). The guess charges a cut the canonical ids' cost of the rest, which a
 cut that goes on differently does not pay (p027-3's sampled `` sp``+``in`` against the canonical
 `` spin``): so the likeliest ``lead_cap`` prefixes a segment that the guess drops but the bound keeps
 (nothing at the next anchor is ``delta`` above them, the bar there lowered as at the anchor) go on
@@ -230,7 +230,7 @@ class _Search:
         boundary, then the canonical ids), as far as the scores are likely to be read: to the next
         anchor for a new line; twice its last draft for a line that outlived one; to the end for
         the line that leads at its anchor. A line kept only by a margin gets none unless
-        ``withheld`` (a round with room to fill)."""
+        ``withheld`` (a crawl's round, with room: :meth:`_filled`)."""
         text, seg = self.text, self.seg
         c, pend = state
         if not text.data.startswith(pend, c):
