@@ -216,6 +216,22 @@ def test_lazy_search_lets_a_few_cuts_its_guess_drops_go_on(model, bound):
     assert score_ids(lost.prompt_ids, second.ids, scorer, sampling) >= score_ids(lost.prompt_ids, lost.output_ids, scorer, sampling) - 1e-4
 
 
+def test_lazy_search_goes_on_from_every_byte_of_a_segment(model, bound):
+    """llama.cpp's held-out s32 p007-0 (t=1.0): ``吴Conarctic, �breweries、`` has no anchor inside,
+    and the sampled `` \\xe7`` (a lone lead byte, shown as U+FFFD) lets any bytes stand there:
+    nothing reaches the next anchor before the segment's cap is spent. Taken likeliest first, the
+    cuts a few bytes in outscore the deeper ones, so the cap went on shallow cuts and the sampled
+    line, deeper in, was dropped (the search returned ids 10 nats below it). Now at most
+    ``per_byte`` cuts go on from each byte offset: it must return the data's ``output_ids``."""
+    from recon.recovery.recover import recover
+    from recon.recovery.scorers import LocalScorer
+
+    rec = _held(["heldout-llamacpp-t1.0-s32"])["heldout-llamacpp-t1.0-s32", "p007-0"]
+    assert "\ufffd" in rec.response.content
+    res = next(recover([rec], bound, LocalScorer(model), progress=False, method="lazy"))
+    assert not res.canonical_exact and res.ids == rec.output_ids
+
+
 def test_lazy_search_costs_fewer_calls_and_positions_than_the_beam(model, bound):
     """On three non-canonical t=1.3 samples, both searches return the sampled ids; the lazy one
     makes fewer scorer calls and runs fewer model positions (each search on a fresh scorer, so

@@ -38,8 +38,11 @@ t=1.3) that still expands thousands of cuts. So a prefix inside a segment is jud
 the rest of the segment (the canonical ids' own scores from their next boundary on, a token the
 sampler removed counted 0 past its segment) against the best line's guess, and goes on only within
 ``split_delta`` of it, at most ``split_cap * top`` per segment (``lost_cap`` times as many where the
-text lost bytes: any bytes may stand for a U+FFFD, and such a segment has hundreds of cuts). This
-is the rule that is not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is
+text lost bytes: any bytes may stand for a U+FFFD, and such a segment has hundreds of cuts), and at
+most ``per_byte`` from any one byte offset: taken likeliest first, cuts a few bytes in outscore the
+deeper ones, and where nothing reaches the next anchor before the cap is spent, a cap on the
+segment alone went on shallow cuts and dropped the sampled line deeper in (held-out llama.cpp s32
+p007-0 at t=1.0, 10 nats; t=1.3 p017-2 and p035-3). This is the rule that is not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is
 3.9 below the guess half way through the segment). The guess charges a cut the canonical ids' cost of the rest, which a
 cut that goes on differently does not pay (p027-3's sampled `` sp``+``in`` against the canonical
 `` spin``): so the likeliest ``lead_cap`` prefixes a segment that the guess drops but the bound keeps
@@ -137,6 +140,7 @@ class Rules:
     draft_margin: float
     lead_cap: int
     lost_cap: int
+    per_byte: int
     repairs: int
     repair_width: int
     widen: float
@@ -145,14 +149,16 @@ class Rules:
 
 def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scorer, sampling: Sampling, *,
            delta: float = 2.0, top: int = 4, settle: int = 12, max_passes: int = 60,
-           length: int | None = None, split_delta: float = 4.0, split_cap: int = 64, ahead: float = 1.0,
-           probe: float = 3.0, draft_margin: float = 0.0, lead_cap: int = 4, lost_cap: int = 4, repairs: int = 3,
+           length: int | None = None, split_delta: float = 4.0, split_cap: int = 256, ahead: float = 1.0,
+           probe: float = 3.0, draft_margin: float = 0.0, lead_cap: int = 4, lost_cap: int = 4, per_byte: int = 16,
+           repairs: int = 3,
            repair_width: int = 8, widen: float = 2.0, fill: int = 64) -> SearchResult:
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
     or ``max_tokens`` for a sample cut at it). ``split_delta``: how far below the best guess at
     the next anchor a prefix inside a segment may fall and still go on, at most ``split_cap * top``
-    of them a segment (``lost_cap`` times as many where bytes are lost); ``lead_cap``: how many a
+    of them a segment (``lost_cap`` times as many where bytes are lost) and ``per_byte`` from any
+    one byte offset in it; ``lead_cap``: how many a
     segment go on although the guess drops them, the likeliest first. ``ahead``: the most the bar
     at an anchor is lowered for the next segment's cost; ``probe``: how much further below it a
     prefix whose distribution is known may be and still go on to the next segment's own test.
@@ -167,7 +173,7 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
     ``repairs``/``repair_width``: the second look (:func:`~recon.recovery.repair.repair`) after the
     sweeps."""
     rules = Rules(delta, top, settle, max_passes, split_delta, split_cap, ahead, probe, draft_margin, lead_cap,
-                  lost_cap, repairs, repair_width, widen, fill)
+                  lost_cap, per_byte, repairs, repair_width, widen, fill)
     return _Search(prompt, canonical, Text(seg, canonical), scorer, sampling, length, rules).run()
 
 
@@ -333,6 +339,7 @@ class _Search:
                     guess[need] = max(guess.get(need, -math.inf), s + self.cum[self.draft_at[b]] - self.cum[self.draft_at[a]])
             expanded = extra = 0
             cap = self.caps[i]
+            at: dict[int, int] = {}  # byte offset inside the segment -> prefixes that went on from there
             kept: dict[int | None, list[tuple[float, tuple[int, ...] | None, tuple | None]]] = {}
             while heap:
                 neg, _, ids, state, ghost = heapq.heappop(heap)
@@ -363,8 +370,10 @@ class _Search:
                 margin = s - bar
                 if not canon and state != (a, b""):  # inside the segment: can it still reach the beam at b?
                     margin = s - bar if self.blind[i] else s + self._rest_of(state, b) - max(bar, self._bar(guess, reach))
-                    if margin >= -rules.split_delta and expanded < cap:
+                    p = state[0] + len(state[1])
+                    if margin >= -rules.split_delta and expanded < cap and at.get(p, 0) < rules.per_byte:
                         expanded += 1
+                        at[p] = at.get(p, 0) + 1
                     elif extra < rules.lead_cap and s >= bar + ahead - rules.delta:
                         extra += 1  # the guess would drop it, the bound keeps it: one of the few that go on
                     else:
@@ -495,7 +504,8 @@ class _Search:
             # more over what is known, the guess's rules widened (split_delta times widen, the caps
             # times widen squared), before the beam.
             grow = round(rules.widen ** 2)
-            self.rules = rules = replace(rules, split_delta=rules.widen * rules.split_delta, lead_cap=grow * rules.lead_cap)
+            self.rules = rules = replace(rules, split_delta=rules.widen * rules.split_delta, lead_cap=grow * rules.lead_cap,
+                                         per_byte=grow * rules.per_byte)
             self.caps = [grow * c for c in self.caps]  # (split_cap is read only through these)
             found = self._sweeps()
         if not found.done:
