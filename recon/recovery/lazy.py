@@ -1,7 +1,8 @@
 """A cheaper search for the sampled segmentation: a beam over the text's anchors, scored lazily, in rounds.
 
-Opt-in (``recon recover --search lazy``); :mod:`recon.recovery.search` stays the default until this one
-matches it on every held-out file (docs/recovery.md has the figures).
+Opt-in (``recon recover --search lazy``). It recovers what :mod:`recon.recovery.search`, the default,
+recovers on every held-out file (docs/recovery.md has the figures), but its guess inside a segment
+is not a bound: it can drop a sampled cut the default keeps on data nobody has run it on.
 
 A candidate is any sequence of ids whose text, decoded as a server decodes it (special tokens
 apart, invalid UTF-8 as U+FFFD), is the text the API returned. Its score is its log-probability
