@@ -43,9 +43,10 @@ text lost bytes: any bytes may stand for a U+FFFD, and such a segment has hundre
 most ``per_byte`` from any one byte offset: taken likeliest first, cuts a few bytes in outscore the
 deeper ones, and where nothing reaches the next anchor before the cap is spent, a cap on the
 segment alone went on shallow cuts and dropped the sampled line deeper in (held-out llama.cpp s32
-p007-0 at t=1.0, 10 nats; t=1.3 p017-2 and p035-3). This is the rule that is not exact (held-out p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is
-3.9 below the guess half way through the segment). The guess charges a cut the canonical ids' cost of the rest, which a
-cut that goes on differently does not pay (p027-3's sampled `` sp``+``in`` against the canonical
+p007-0 at t=1.0, 10 nats; t=1.3 p017-2 and p035-3). This is the rule that is not exact (held-out
+p005-2 at t=1.3 needs ``split_delta`` 4: its better cut is 3.9 below the guess half way through
+the segment). The guess charges a cut the canonical ids' cost of the rest, which a cut that goes
+on differently does not pay (p027-3's sampled `` sp``+``in`` against the canonical
 `` spin``): so the likeliest ``lead_cap`` prefixes a segment that the guess drops but the bound keeps
 (nothing at the next anchor is ``delta`` above them, the bar there lowered as at the anchor) go on
 too. The canonical ids are never dropped (the answer scores at least as high as they do). In a
@@ -152,15 +153,14 @@ def search(prompt: Sequence[int], canonical: Sequence[int], seg: Segmenter, scor
            delta: float = 2.0, top: int = 4, settle: int = 12, max_passes: int = 60,
            length: int | None = None, split_delta: float = 4.0, split_cap: int = 256, ahead: float = 1.0,
            probe: float = 3.0, draft_margin: float = 0.0, lead_cap: int = 4, lost_cap: int = 4, per_byte: int = 16,
-           repairs: int = 3,
-           repair_width: int = 8, widen: float = 2.0, fill: int = 64) -> SearchResult:
+           repairs: int = 3, repair_width: int = 8, widen: float = 2.0, fill: int = 64) -> SearchResult:
     """The most likely ids under ``sampling`` whose text is ``canonical``'s, after ``prompt``;
     with ``length``, of exactly that many ids (what the API's ``usage.completion_tokens`` says,
     or ``max_tokens`` for a sample cut at it). ``split_delta``: how far below the best guess at
     the next anchor a prefix inside a segment may fall and still go on, at most ``split_cap * top``
     of them a segment (``lost_cap`` times as many where bytes are lost) and ``per_byte`` from any
-    one byte offset in it; ``lead_cap``: how many a
-    segment go on although the guess drops them, the likeliest first. ``ahead``: the most the bar
+    one byte offset in it; ``lead_cap``: how many a segment go on although the guess drops them,
+    the likeliest first. ``ahead``: the most the bar
     at an anchor is lowered for the next segment's cost; ``probe``: how much further below it a
     prefix whose distribution is known may be and still go on to the next segment's own test.
     ``draft_margin``: how far below its bar a waiting prefix may be and still go with a draft
