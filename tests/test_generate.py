@@ -66,8 +66,8 @@ def test_generate_reproduces_the_bundled_data_from_its_seed(tmp_path, path):
     again = read_records(out).records
     assert len(again) == len(first_batch) == meta["batch_size"]
     for new, old in zip(again, first_batch):
-        # ids and text exactly; each logprob (stored to 4 decimals) within 1e-3, as CPUs with other
-        # SIMD kernels (AVX2 against AVX-512) round a float32 sum differently in the last digit
+        # ids and text exactly; each logprob (stored to 4 decimals) within 1e-3: a CPU with other
+        # SIMD kernels (an AVX2-only AMD EPYC) rounds a float32 sum differently in the last digit
         assert (new.id, new.output_ids, new.prompt_ids, replace(new.response, logprobs=None)) == (
             old.id, old.output_ids, old.prompt_ids, replace(old.response, logprobs=None))
         new_lps, old_lps = new.response.logprobs or [], old.response.logprobs or []
